@@ -1,0 +1,96 @@
+"""Process-wide counters: per group, how often it ran and how often its rules fired.
+
+Counting an element means a reduction over a rule's mask, so elements are counted only for traced
+instances (see :class:`~autograd_groups.dispatch.SiteHook`); calls and firings are always counted.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class _RuleCounter:
+    kind: str
+    calls: int = 0
+    firings: int = 0
+    elements: int = 0
+
+
+@dataclass
+class _GroupCounter:
+    instances: int = 0
+    instances_off: int = 0
+    backward_passes: int = 0
+    rules: dict[str, _RuleCounter] = field(default_factory=dict)
+
+
+_lock = threading.Lock()
+_groups: dict[str, _GroupCounter] = {}
+
+
+def _group(name: str) -> _GroupCounter:
+    found = _groups.get(name)
+    if found is None:
+        found = _groups.setdefault(name, _GroupCounter())
+    return found
+
+
+def count_instance(name: str, enabled: bool) -> None:
+    """One more instance of ``name`` was created (with special cases ``enabled`` or not)."""
+    with _lock:
+        counter = _group(name)
+        counter.instances += 1
+        counter.instances_off += not enabled
+
+
+def count_backward(name: str) -> None:
+    """One more backward pass reached an instance of ``name``."""
+    with _lock:
+        _group(name).backward_passes += 1
+
+
+def count_rule(name: str, label: str, kind: str, elements: int = 0, fired: bool = False) -> None:
+    """A rule ran once, changed ``elements`` elements (when counted) and ``fired`` (override)."""
+    with _lock:
+        rule = _group(name).rules.get(label)
+        if rule is None:
+            rule = _group(name).rules[label] = _RuleCounter(kind)
+        rule.calls += 1
+        rule.firings += fired
+        rule.elements += elements
+
+
+def stats() -> dict[str, dict[str, Any]]:
+    """Per group: instances, instances created with special cases off, backward passes, and per rule
+    its kind, calls, firings (override) and elements changed (subgradient, nan_safe; counted while
+    traced).
+
+    >>> import autograd_groups as ag
+    >>> ag.reset_stats(); ag.stats()
+    {}
+    """
+    with _lock:
+        snapshot = {name: (g.instances, g.instances_off, g.backward_passes,
+                           {label: (r.kind, r.calls, r.firings, r.elements)
+                            for label, r in g.rules.items()})
+                    for name, g in _groups.items()}
+    return {
+        name: {
+            "instances": instances,
+            "instances_off": off,
+            "backward_passes": passes,
+            "rules": {label: {"kind": kind, "calls": calls, "firings": firings,
+                              "elements": elements}
+                      for label, (kind, calls, firings, elements) in rules.items()},
+        }
+        for name, (instances, off, passes, rules) in snapshot.items()
+    }
+
+
+def reset_stats() -> None:
+    """Forget all counts."""
+    with _lock:
+        _groups.clear()

@@ -1,0 +1,159 @@
+"""Backward-time dispatch: the post-hooks that apply a group's rules at its rule sites.
+
+A rule site is one autograd node of a group instance whose op has a rule. Its hook runs right after
+the node computed its input gradients and before they flow on, so a rule's fix is applied exactly
+at that op: a compare over the node's saved values and a fill of the gradient it produced. No
+tensor is saved and no autograd node is added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import counters, flag, nodes
+from .errors import RuleError
+from .rules import NanSafe, Subgradient
+
+if TYPE_CHECKING:
+    from .group import GroupInstance
+
+Grads = list[torch.Tensor | None]
+
+
+def _fail(instance: GroupInstance, label: str, op: str, problem: str) -> RuleError:
+    return RuleError(f"group {instance.name!r} (created at {instance.where}), rule {label}, "
+                     f"at op {op}: {problem}")
+
+
+def _fits(shape: torch.Size, target: torch.Size) -> bool:
+    if shape == target:
+        return True
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
+def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
+    """Whether ``grad`` may be filled in place: a fresh dense tensor no other gradient shares."""
+    if grad._base is not None or torch.is_grad_enabled() or not grad.is_contiguous():
+        return False
+    pointer = grad.data_ptr()
+    return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
+
+
+def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, grads: Grads,
+                      grad_outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
+    """Apply ``rule`` to ``grads`` (in place where safe); return the mask of elements it set."""
+    env: dict[str, Any] = {"grad": grad_outputs[0]}
+    try:
+        for name in rule.saved:
+            env[name] = getattr(node, "_saved_" + name)
+    except AttributeError:
+        missing = next(n for n in rule.saved if n not in env)
+        raise _fail(instance, rule.label, nodes.node_op(node),
+                    f"this {type(node).__name__} node does not save {missing!r}; it saves "
+                    f"{', '.join(nodes.saved_names(node)) or 'nothing'}") from None
+    try:
+        mask = rule.when_fn.evaluate(env)
+    except Exception as e:
+        raise _fail(instance, rule.label, nodes.node_op(node), f"'when' raised {e!r}") from e
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise _fail(instance, rule.label, nodes.node_op(node), f"'when' must give a bool tensor, not {got}")
+    for i in range(len(grads)) if rule.input is None else (rule.input,):
+        grad = grads[i] if i < len(grads) else None
+        if grad is None:
+            continue
+        if mask.shape != grad.shape and not _fits(mask.shape, grad.shape):
+            raise _fail(instance, rule.label, nodes.node_op(node),
+                        f"'when' gave shape {tuple(mask.shape)}, which does not fit the gradient "
+                        f"of input {i} of shape {tuple(grad.shape)}")
+        if rule.constant is not None and _owned(grad, grad_outputs):
+            grad.masked_fill_(mask, rule.constant)
+            continue
+        value = rule.constant if rule.constant is not None else _value(rule, instance, node, env)
+        if isinstance(value, torch.Tensor) and not _fits(value.shape, grad.shape):
+            raise _fail(instance, rule.label, nodes.node_op(node),
+                        f"'grad' returned shape {tuple(value.shape)}, but the gradient of input {i} "
+                        f"has shape {tuple(grad.shape)}")
+        grads[i] = torch.where(mask, value, grad)
+    return mask
+
+
+def _value(rule: Subgradient, instance: GroupInstance, node: Any, env: dict[str, Any]) -> Any:
+    try:
+        value = rule.grad_fn.evaluate(env)
+    except Exception as e:
+        raise _fail(instance, rule.label, nodes.node_op(node), f"'grad' raised {e!r}") from e
+    if not isinstance(value, (torch.Tensor, int, float)):
+        raise _fail(instance, rule.label, nodes.node_op(node),
+                    f"'grad' must give a tensor or a number, it gave {type(value).__name__}")
+    return value
+
+
+def apply_nan_safe(node: Any, grads: Grads,
+                   grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """Zero every outgoing gradient element whose incoming gradients are all exactly zero;
+    return the masks of the elements it changed."""
+    incoming = [g for g in grad_outputs if g is not None]
+    changed: list[torch.Tensor] = []
+    if not incoming:
+        return changed
+    elementwise = len(incoming) == 1 and nodes.is_pointwise_node(node)
+    for i, grad in enumerate(grads):
+        if grad is None:
+            continue
+        if elementwise and _fits(grad.shape, incoming[0].shape):
+            nonzero = (incoming[0] != 0).sum_to_size(grad.shape) if grad.shape != incoming[0].shape \
+                else incoming[0] != 0
+            fix = (nonzero == 0) & (grad != 0)
+        else:
+            silent = torch.stack([g.eq(0).all() for g in incoming]).all()
+            fix = silent & (grad != 0)
+        grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+        changed.append(fix)
+    return changed
+
+
+class SiteHook:
+    """The post-hook at one rule site: the rules of one instance that apply to one node.
+
+    Each run counts one call per rule; the number of elements a rule changed costs a reduction per
+    site, so it is counted only while the instance is traced.
+    """
+
+    __slots__ = ("instance", "subgradients", "nan_safe", "vertex")
+
+    def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
+                 nan_safe: NanSafe | None, vertex: str | None) -> None:
+        self.instance = instance
+        self.subgradients = subgradients
+        self.nan_safe = nan_safe
+        self.vertex = vertex
+
+    def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
+                 grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
+        instance = self.instance
+        state = flag.backward_state()
+        if state is not None and not state.for_group(instance.name):
+            return None
+        instance.note_backward()
+        node = torch._C._current_autograd_node()
+        grads = list(grad_inputs)
+        for rule in self.subgradients:
+            self._count(rule, [apply_subgradient(rule, instance, node, grads, grad_outputs)])
+        if self.nan_safe is not None:
+            self._count(self.nan_safe, apply_nan_safe(node, grads, grad_outputs))
+        return tuple(grads)
+
+    def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
+        if self.instance.graph is None:
+            counters.count_rule(self.instance.name, rule.label, rule.kind)
+            return
+        elements = sum(int(m.sum()) for m in masks)
+        counters.count_rule(self.instance.name, rule.label, rule.kind, elements)
+        self.instance.record_hit(self.vertex, rule.label, elements)

@@ -1,0 +1,28 @@
+"""The exceptions autograd-groups raises; all derive from :class:`GroupError`."""
+
+from __future__ import annotations
+
+
+class GroupError(Exception):
+    """Base class: something about a group, its rules or its spec is wrong."""
+
+
+class RuleError(GroupError):
+    """A rule is malformed, conflicts with another, or failed at backward time."""
+
+
+class ExpressionError(RuleError):
+    """A ``when``/``grad`` expression is malformed; ``col`` is its 1-based column."""
+
+    def __init__(self, message: str, col: int = 1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.col = col
+
+
+class SpecError(GroupError):
+    """A spec file is invalid; ``errors`` holds every ``(file, line, col, message)``."""
+
+    def __init__(self, errors: list[tuple[str, int, int, str]]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(f"{f}:{line}:{col}: {msg}" for f, line, col, msg in errors))

@@ -1,0 +1,100 @@
+"""What PyTorch's autograd nodes are: op names, saved-value names, pointwise or not.
+
+Everything is read from PyTorch itself (the generated node classes in ``torch._C._functions`` and
+the ATen op tags), so the catalogue follows whatever PyTorch version is installed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .errors import RuleError
+
+_BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One op as autograd knows it: its name and the values its backward nodes save."""
+
+    name: str
+    saved: frozenset[str]
+    pointwise: bool
+
+
+def op_key(name: str) -> str:
+    """The spelling-insensitive key of an op name: ``clamp_min`` and ``ClampMin`` agree."""
+    return name.replace("_", "").lower()
+
+
+def op_name_of_class(class_name: str) -> str:
+    """``ClampMinBackward0`` -> ``clamp_min``."""
+    return _CAMEL.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
+
+
+@functools.lru_cache(maxsize=None)
+def _is_pointwise(name: str) -> bool:
+    try:
+        packet = getattr(torch.ops.aten, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+
+
+@functools.lru_cache(maxsize=1)
+def catalogue() -> dict[str, OpInfo]:
+    """Every op with a generated backward node, by :func:`op_key`."""
+    found: dict[str, tuple[str, set[str]]] = {}
+    for class_name in dir(torch._C._functions):
+        if not _BACKWARD_SUFFIX.search(class_name) or "BackwardBackward" in class_name:
+            continue
+        name = op_name_of_class(class_name)
+        cls = getattr(torch._C._functions, class_name)
+        saved = {a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")}
+        found.setdefault(op_key(name), (name, set()))[1].update(saved)
+    return {key: OpInfo(name, frozenset(saved), _is_pointwise(name))
+            for key, (name, saved) in found.items()}
+
+
+def resolve_op(op: str) -> OpInfo:
+    """The :class:`OpInfo` of ``op``, or a :class:`RuleError` naming the closest known ops."""
+    info = catalogue().get(op_key(op))
+    if info is None:
+        names = sorted(i.name for i in catalogue().values())
+        close = difflib.get_close_matches(op, names, n=5, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise RuleError(f"unknown op {op!r}: autograd has no backward node for it{hint} "
+                        f"(op names are PyTorch's, as in derivatives.yaml: sqrt, clamp_min, pow, ...)")
+    return info
+
+
+@functools.lru_cache(maxsize=None)
+def _class_key(cls: type) -> str:
+    return op_key(op_name_of_class(cls.__name__))
+
+
+def node_key(node: object) -> str:
+    """The :func:`op_key` of the op that made an autograd node."""
+    return _class_key(type(node))
+
+
+def node_op(node: object) -> str:
+    """The op name of an autograd node (``SqrtBackward0`` -> ``sqrt``)."""
+    return op_name_of_class(type(node).__name__)
+
+
+def is_pointwise_node(node: object) -> bool:
+    """Whether the node's op is elementwise (ATen's ``pointwise`` tag)."""
+    info = catalogue().get(_class_key(type(node)))
+    return info is not None and info.pointwise
+
+
+def saved_names(node: object) -> list[str]:
+    """The names of the values this particular node saved, as ``derivatives.yaml`` spells them."""
+    return sorted(a[len("_saved_"):] for a in dir(node) if a.startswith("_saved_"))

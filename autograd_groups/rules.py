@@ -1,0 +1,194 @@
+"""The three kinds of rule: :class:`Subgradient`, :class:`NanSafe` and :class:`Override`."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+import torch
+
+from . import expr, nodes
+from .errors import ExpressionError, RuleError
+
+#: A ``when``/``grad``: an expression string, a number, or a callable over saved values and ``grad``.
+Value = Union[str, int, float, bool, Callable[..., Any]]
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    names: frozenset[str]
+    evaluate: Callable[[dict[str, Any]], Any]
+
+
+def _compile(value: Value, what: str, op: str) -> _Compiled:
+    if callable(value):
+        try:
+            params = list(inspect.signature(value).parameters)
+        except (TypeError, ValueError) as e:
+            raise RuleError(f"{what} of the {op} rule: cannot read the callable's signature ({e})") from None
+        fn = value
+        return _Compiled(frozenset(params), lambda env: fn(**{p: env[p] for p in params}))
+    try:
+        parsed = expr.parse(value)
+    except ExpressionError as e:
+        raise ExpressionError(f"{what} of the {op} rule: {e.message}", e.col) from None
+    return _Compiled(parsed.names, parsed.evaluate)
+
+
+def _source(value: Value) -> str:
+    return getattr(value, "__qualname__", None) or str(value)
+
+
+@dataclass(frozen=True, eq=False)
+class Subgradient:
+    """At every node of ``op`` inside the group, where ``when`` holds, the input gradient is ``grad``.
+
+    ``when`` and ``grad`` are expressions (see :mod:`autograd_groups.expr`) or callables whose
+    parameters are named after the op's saved values (``self``, ``other``, ``result``, ...) and
+    ``grad`` (the gradient flowing into the op). ``input`` picks one input of the op by position
+    (the order of ``next_functions``); by default every input gets ``grad``.
+
+    >>> import autograd_groups as ag
+    >>> ag.Subgradient(op="sqrt", when="result == 0", grad=0).label
+    'subgradient(sqrt: result == 0 -> 0)'
+    """
+
+    op: str
+    when: Value
+    grad: Value = 0
+    input: int | None = None
+    doc: str = ""
+    kind: ClassVar[str] = "subgradient"
+    op_key: str = field(init=False)
+    saved: frozenset[str] = field(init=False)
+    constant: float | None = field(init=False)
+    when_fn: _Compiled = field(init=False)
+    grad_fn: _Compiled = field(init=False)
+
+    def __post_init__(self) -> None:
+        info = nodes.resolve_op(self.op)
+        when_fn = _compile(self.when, "'when'", self.op)
+        grad_fn = _compile(self.grad, "'grad'", self.op)
+        known = info.saved | {"grad"}
+        for what, compiled in (("when", when_fn), ("grad", grad_fn)):
+            unknown = sorted(compiled.names - known)
+            if unknown:
+                raise RuleError(
+                    f"{what} of the {self.op} rule names {', '.join(map(repr, unknown))}, which "
+                    f"{self.op} does not save; it saves {', '.join(sorted(info.saved)) or 'nothing'} "
+                    f"(and every rule sees 'grad')")
+        if self.input is not None and (not isinstance(self.input, int) or self.input < 0):
+            raise RuleError(f"input of the {self.op} rule must be a non-negative int, not {self.input!r}")
+        is_number = isinstance(self.grad, (int, float)) and not isinstance(self.grad, bool)
+        object.__setattr__(self, "op_key", nodes.op_key(self.op))
+        object.__setattr__(self, "saved", (when_fn.names | grad_fn.names) - {"grad"})
+        object.__setattr__(self, "constant", float(self.grad) if is_number else None)  # type: ignore[arg-type]
+        object.__setattr__(self, "when_fn", when_fn)
+        object.__setattr__(self, "grad_fn", grad_fn)
+
+    @property
+    def label(self) -> str:
+        """A short description used in errors, traces and statistics."""
+        target = "" if self.input is None else f" [input {self.input}]"
+        return f"subgradient({self.op}{target}: {_source(self.when)} -> {_source(self.grad)})"
+
+
+@dataclass(frozen=True, eq=False)
+class NanSafe:
+    """Inside the group, where an op's incoming gradient is exactly zero, it passes on zero.
+
+    ``0 * inf = 0``, as in ForwardDiff.jl's NaN-safe mode. Exact for elementwise ops; for other ops
+    an outgoing gradient is zeroed only where every incoming gradient is zero.
+
+    >>> import autograd_groups as ag
+    >>> ag.NanSafe().label
+    'nan_safe'
+    """
+
+    doc: str = ""
+    kind: ClassVar[str] = "nan_safe"
+
+    @property
+    def label(self) -> str:
+        """A short description used in errors, traces and statistics."""
+        return "nan_safe"
+
+
+@dataclass
+class OverrideContext:
+    """What an override's checker and backward see: the group's inputs and outputs (detached)."""
+
+    group: str
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+
+
+class Override:
+    """A group-level rule: when ``check(ctx)`` is true, ``backward(ctx, *grads)`` replaces the group.
+
+    The group's own backward subgraph is then skipped; otherwise it runs as usual. ``backward``
+    returns one gradient (or None) per tensor input of the group. Usually made with
+    :func:`special_case`.
+
+    >>> import torch, autograd_groups as ag
+    >>> rule = ag.Override(check=lambda ctx: bool((ctx.outputs[0] == 0).any()),
+    ...                    backward=lambda ctx, grad: torch.zeros_like(ctx.inputs[0]))
+    >>> rule.label
+    'override(<lambda>)'
+    """
+
+    kind: ClassVar[str] = "override"
+
+    def __init__(self, check: Callable[[OverrideContext], Any],
+                 backward: Callable[..., Any] | None = None, doc: str = "",
+                 group: str | None = None) -> None:
+        if not callable(check):
+            raise RuleError(f"an override's check must be callable, not {check!r}")
+        self.check = check
+        self.backward_fn = backward
+        self.doc = doc or (inspect.getdoc(check) or "")
+        self._group = group
+
+    @property
+    def label(self) -> str:
+        """A short description used in errors, traces and statistics."""
+        return f"override({_source(self.check)})"
+
+    def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: set the replacement backward and register the rule under its group."""
+        from .registry import register_rule
+
+        if self.backward_fn is not None:
+            raise RuleError(f"{self.label} already has a backward ({_source(self.backward_fn)})")
+        self.backward_fn = fn
+        if self._group is not None:
+            register_rule(self._group, self)
+        return fn
+
+
+def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Override]:
+    """Decorator that makes an override rule of ``group`` from its checker.
+
+    Attach the replacement backward with ``@checker.backward``; the rule is registered then.
+
+    >>> import torch, autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     @ag.special_case("safe_norm")
+    ...     def is_zero(ctx):
+    ...         return bool((ctx.outputs[0] == 0).any())
+    ...     @is_zero.backward
+    ...     def zero_grad(ctx, grad):
+    ...         return torch.zeros_like(ctx.inputs[0])
+    ...     [r.kind for r in ag.list_rules()["safe_norm"]]
+    ['override']
+    """
+
+    def make(check: Callable[[OverrideContext], Any]) -> Override:
+        return Override(check, group=group)
+
+    return make
+
+
+Rule = Union[Subgradient, NanSafe, Override]

@@ -1,0 +1,112 @@
+"""Trace sessions: record each group instance's subgraph as a ``networkx.DiGraph``.
+
+Tracing is opt-in: outside ``trace()`` no graph object is built on the forward or backward path.
+Vertices are named ``<group>#<n>:<k>`` (instance ``n`` of the group in this session, ``k``-th node
+in walk order), so the same program gives the same ids. Edges point the way gradients flow, from
+the node that consumes a tensor to the node that produced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import nodes
+
+if TYPE_CHECKING:
+    from .group import GroupInstance
+
+
+@functools.lru_cache(maxsize=None)
+def _saved_of_class(cls: type) -> tuple[str, ...]:
+    return tuple(sorted(a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")))
+
+
+def describe(node: Any) -> dict[str, Any]:
+    """The vertex attributes of an autograd node: op, class, output shape/dtype, saved names."""
+    meta = node._input_metadata
+    return {
+        "kind": "op",
+        "op": nodes.node_op(node),
+        "node_class": type(node).__name__,
+        "shape": [list(m.shape) for m in meta],
+        "dtype": [str(m.dtype).replace("torch.", "") for m in meta],
+        "saved": list(_saved_of_class(type(node))),
+        "rules": [],
+        "hits": {},
+    }
+
+
+class Trace:
+    """What one ``trace()`` session saw: its group instances, in creation order."""
+
+    def __init__(self) -> None:
+        self.instances: list[GroupInstance] = []
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._leaves: dict[int, tuple[Any, str]] = {}
+
+    def new_id(self, name: str) -> str:
+        """The id of the next instance of group ``name``: ``name#n``."""
+        with self._lock:
+            n = self._counts.get(name, 0)
+            self._counts[name] = n + 1
+        return f"{name}#{n}"
+
+    def add(self, instance: GroupInstance) -> None:
+        """Record a finished instance."""
+        with self._lock:
+            self.instances.append(instance)
+
+    def leaf_vertex(self, node: Any) -> str:
+        """The one vertex id this session gives a leaf tensor's AccumulateGrad node."""
+        with self._lock:
+            found = self._leaves.get(id(node))
+            if found is None:
+                # Holding the node keeps its id from being reused by another leaf in this session.
+                found = self._leaves[id(node)] = (node, f"leaf:{len(self._leaves)}")
+        return found[1]
+
+
+_sessions: list[Trace] = []
+_sessions_lock = threading.Lock()
+
+
+def active() -> Trace | None:
+    """The innermost open trace session, if any (sessions are process-wide)."""
+    return _sessions[-1] if _sessions else None
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[Trace]:
+    """Record every group instance created inside the block, in any thread.
+
+    >>> import torch, autograd_groups as ag
+    >>> @ag.autograd_group("double")
+    ... def double(x):
+    ...     return x * 2
+    >>> with ag.trace() as t:
+    ...     double(torch.ones(2, requires_grad=True)).sum().backward()
+    >>> [(i.name, sorted(d["op"] for _, d in i.graph.nodes(data=True) if d["kind"] == "op"))
+    ...  for i in t.instances]
+    [('double', ['mul'])]
+    """
+    session = Trace()
+    with _sessions_lock:
+        _sessions.append(session)
+    try:
+        yield session
+    finally:
+        with _sessions_lock:
+            _sessions.remove(session)
+            session._leaves.clear()
+
+
+def leaf_tensor(node: Any) -> torch.Tensor | None:
+    """The leaf tensor behind an AccumulateGrad node, else None."""
+    return getattr(node, "variable", None)
