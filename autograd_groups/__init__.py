@@ -5,12 +5,12 @@
 True
 """
 
+from .counters import reset_stats, stats
 from .errors import ExpressionError, GroupError, RuleError, SpecError
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
 from .group import GroupInstance, autograd_group, tag
 from .registry import list_rules, register_rule, registry_scope, unregister_rule
 from .rules import NanSafe, Override, OverrideContext, Subgradient, special_case
-from .counters import reset_stats, stats
 from .tracer import Trace, trace
 
 __all__ = [

@@ -38,12 +38,12 @@ def _group(name: str) -> _GroupCounter:
     return found
 
 
-def count_instance(name: str, enabled: bool) -> None:
-    """One more instance of ``name`` was created (with special cases ``enabled`` or not)."""
+def count_instance(name: str, enabled: bool, delta: int = 1) -> None:
+    """``delta`` more instances of ``name`` (with special cases ``enabled`` or not)."""
     with _lock:
         counter = _group(name)
-        counter.instances += 1
-        counter.instances_off += not enabled
+        counter.instances += delta
+        counter.instances_off += 0 if enabled else delta
 
 
 def count_backward(name: str) -> None:

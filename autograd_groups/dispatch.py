@@ -80,8 +80,40 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
             raise _fail(instance, rule.label, nodes.node_op(node),
                         f"'grad' returned shape {tuple(value.shape)}, but the gradient of input {i} "
                         f"has shape {tuple(grad.shape)}")
+        if grad.grad_fn is not None:
+            _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(mask, value, grad)
     return mask
+
+
+_FORMULA = NanSafe(doc="the derivative formula of a rule site, under create_graph")
+
+
+def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
+                     grad_outputs: Sequence[torch.Tensor | None]) -> None:
+    """Make the graph of the op's own derivative formula NaN-safe (double backward only).
+
+    Under ``create_graph`` the replaced elements still sit in the graph of the formula that produced
+    ``grad`` (``grad / (2 * result)`` for sqrt), where their zero second-order gradient would meet
+    the same infinities: ``0 * inf``. Those formula nodes were made by this node's backward, so they
+    are exactly the nodes between ``grad`` and the tensors the formula read -- the node's saved
+    values and its incoming gradients -- and they get the NaN-safe rule.
+    """
+    # Python node wrappers die when unreferenced and their ids are reused: keep every one alive.
+    held = [node]
+    for value in [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]:
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+            held.append(value.grad_fn)
+    seen = {id(n) for n in held}
+    stack: list[Any] = [grad.grad_fn]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen or current.__class__.__name__ == "AccumulateGrad":
+            continue
+        seen.add(id(current))
+        held.append(current)
+        current.register_hook(SiteHook(instance, (), _FORMULA, None))
+        stack.extend(child for child, _ in current.next_functions if child is not None)
 
 
 def _value(rule: Subgradient, instance: GroupInstance, node: Any, env: dict[str, Any]) -> Any:

@@ -29,6 +29,13 @@ def _finfo_eps(x: torch.Tensor) -> float:
     return torch.finfo(x.dtype).eps
 
 
+def _pow(base: Any, exponent: Any) -> Any:
+    # Python ints have no size limit: `9**9**9**9` would run for hours; as floats it overflows at once.
+    if isinstance(base, int) and isinstance(exponent, int):
+        return float(base) ** float(exponent)
+    return base ** exponent
+
+
 #: The functions an expression may call, each a thin alias of the torch function of that name.
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "abs": torch.abs,
@@ -52,7 +59,7 @@ CONSTANTS: dict[str, float] = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.Pow: operator.pow,
+    ast.Div: operator.truediv, ast.Pow: _pow,
     ast.BitAnd: operator.and_, ast.BitOr: operator.or_,
 }
 _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
@@ -123,7 +130,7 @@ def _compile(node: ast.AST, names: set[str], depth: int) -> Evaluator:
     depth += 1
     if isinstance(node, ast.Constant):
         value = node.value
-        if isinstance(value, bool) or isinstance(value, (int, float)):
+        if isinstance(value, (bool, int, float)):
             return lambda env: value
         raise _fail(node, f"only numbers and booleans are allowed as literals, not {value!r}")
     if isinstance(node, ast.Name):

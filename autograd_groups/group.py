@@ -26,11 +26,12 @@ from . import counters, flag, nodes, registry, tracer
 from .dispatch import SiteHook
 from .errors import GroupError
 from .registry import RuleSet
+from .rules import NanSafe, Subgradient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CLAIM = "autograd_groups"
-_ACCUMULATE = torch._C._functions.AccumulateGrad
+_ACCUMULATE: type = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 _local = threading.local()
 
 
@@ -59,6 +60,7 @@ class GroupInstance:
         self.hits: dict[str, int] = {}
         self.session = session
         self.nested = False
+        self.merged_into: GroupInstance | None = None
         self._where = where
         self._task = -1
         self._start = torch._C._autograd._get_sequence_nr()
@@ -106,9 +108,12 @@ def _stack() -> list[GroupInstance]:
     return stack
 
 
-def _entries() -> list[tuple[GroupInstance, _Recorder] | None]:
+_Entry = tuple["autograd_group", "tuple[GroupInstance, _Recorder] | None"]
+
+
+def _entries() -> list[_Entry]:
     """The open ``with`` groups of this thread, innermost last."""
-    entries: list[tuple[GroupInstance, _Recorder] | None] | None = getattr(_local, "entries", None)
+    entries: list[_Entry] | None = getattr(_local, "entries", None)
     if entries is None:
         entries = _local.entries = []
     return entries
@@ -201,9 +206,9 @@ def _install(instance: GroupInstance, members: Iterable[Any], vertices: dict[int
         if subgradients or nan_safe is not None:
             node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex))
             if traced:
+                sites: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
                 instance.graph.nodes[vertex]["rules"].extend(
-                    {"label": r.label, "kind": r.kind, "group": instance.id}
-                    for r in (*subgradients, *([nan_safe] if nan_safe else [])))
+                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites)
         elif not write:
             continue
         if claim is None:
@@ -357,7 +362,7 @@ class autograd_group:
         entries = _entries()
         instance = _open(self.name, 2)
         if instance is None:
-            entries.append(None)
+            entries.append((self, None))
             return None
         if instance.rules.override is not None:
             _pop(instance)
@@ -367,11 +372,15 @@ class autograd_group:
                 f"function instead of a `with` block (at {instance.where})")
         recorder = _Recorder()
         recorder.__enter__()
-        entries.append((instance, recorder))
+        entries.append((self, (instance, recorder)))
         return instance
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        entry = _entries().pop()
+        entries = _entries()
+        if not entries or entries[-1][0] is not self:
+            raise GroupError(f"group {self.name!r} was closed out of order: groups must nest like "
+                             f"`with` blocks")
+        entry = entries.pop()[1]
         if entry is None:
             return
         instance, recorder = entry
@@ -395,7 +404,7 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     >>> y is ag.tag(y, "g")
     True
     """
-    node = tensor.grad_fn
+    node: Any = tensor.grad_fn
     if node is None:
         return tensor
     enabled = flag.current_state().for_group(name)
@@ -405,13 +414,18 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     claim = node.metadata.get(_CLAIM)
     if claim is not None and claim.tagged and claim.owner.name == name:
         return tensor
-    instance = None
+    owners: list[GroupInstance] = []
     for child, _ in node.next_functions:
         child_claim = child.metadata.get(_CLAIM) if child is not None else None
         if child_claim is not None and child_claim.tagged and child_claim.owner.name == name:
-            instance = child_claim.owner
-            break
-    if instance is None:
+            owner = _root(child_claim.owner)
+            if owner not in owners:
+                owners.append(owner)
+    if owners:
+        instance = owners[0]
+        for other in owners[1:]:
+            _merge(instance, other)
+    else:
         counters.count_instance(name, enabled)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = _stack()
@@ -424,6 +438,29 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor
 
 
+def _root(instance: GroupInstance) -> GroupInstance:
+    while instance.merged_into is not None:
+        instance = instance.merged_into
+    return instance
+
+
+def _merge(into: GroupInstance, other: GroupInstance) -> None:
+    """Two tagged chains of one group met at an op: from now on they are one instance."""
+    other.merged_into = into
+    counters.count_instance(other.name, other.enabled, -1)
+    if into.graph is not None and other.graph is not None:
+        into.graph.add_nodes_from(other.graph.nodes(data=True))
+        into.graph.add_edges_from(other.graph.edges)
+        into.inputs.extend(v for v in other.inputs if v not in into.inputs)
+        into.outputs.extend(other.outputs)
+        for label, count in other.hits.items():
+            into.hits[label] = into.hits.get(label, 0) + count
+        if other.session is not None:
+            other.session.remove(other)
+    # The rule sites already hooked still point at ``other``: let them record into ``into``.
+    other.graph, other.hits, other.inputs, other.outputs = into.graph, into.hits, into.inputs, into.outputs
+
+
 def _trace_tagged(instance: GroupInstance, node: Any) -> dict[int, str]:
     graph = instance.graph
     vertex = f"{instance.id}:{graph.number_of_nodes()}"
@@ -432,7 +469,7 @@ def _trace_tagged(instance: GroupInstance, node: Any) -> dict[int, str]:
         if child is None:
             continue
         claim = child.metadata.get(_CLAIM)
-        if claim is not None and claim.owner is instance and claim.vertex is not None:
+        if claim is not None and _root(claim.owner) is instance and claim.vertex is not None:
             graph.add_edge(vertex, claim.vertex)
             if claim.vertex in instance.outputs:
                 instance.outputs.remove(claim.vertex)

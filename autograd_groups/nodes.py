@@ -38,7 +38,7 @@ def op_name_of_class(class_name: str) -> str:
     return _CAMEL.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_pointwise(name: str) -> bool:
     try:
         packet = getattr(torch.ops.aten, name)
@@ -74,9 +74,14 @@ def resolve_op(op: str) -> OpInfo:
     return info
 
 
-@functools.lru_cache(maxsize=None)
+_class_keys: dict[type, str] = {}
+
+
 def _class_key(cls: type) -> str:
-    return op_key(op_name_of_class(cls.__name__))
+    key = _class_keys.get(cls)
+    if key is None:
+        key = _class_keys[cls] = op_key(op_name_of_class(cls.__name__))
+    return key
 
 
 def node_key(node: object) -> str:

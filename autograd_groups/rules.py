@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 import torch
 
@@ -13,7 +13,7 @@ from . import expr, nodes
 from .errors import ExpressionError, RuleError
 
 #: A ``when``/``grad``: an expression string, a number, or a callable over saved values and ``grad``.
-Value = Union[str, int, float, bool, Callable[..., Any]]
+Value = str | int | float | bool | Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def _compile(value: Value, what: str, op: str) -> _Compiled:
 
 
 def _source(value: Value) -> str:
-    return getattr(value, "__qualname__", None) or str(value)
+    return getattr(value, "__name__", None) or str(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,4 +191,4 @@ def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Ove
     return make
 
 
-Rule = Union[Subgradient, NanSafe, Override]
+Rule = Subgradient | NanSafe | Override

@@ -9,7 +9,6 @@ the node that consumes a tensor to the node that produced it.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -22,9 +21,14 @@ if TYPE_CHECKING:
     from .group import GroupInstance
 
 
-@functools.lru_cache(maxsize=None)
-def _saved_of_class(cls: type) -> tuple[str, ...]:
-    return tuple(sorted(a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")))
+_saved_by_class: dict[type, list[str]] = {}
+
+
+def _saved_of_class(cls: type) -> list[str]:
+    saved = _saved_by_class.get(cls)
+    if saved is None:
+        saved = _saved_by_class[cls] = sorted(a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_"))
+    return saved
 
 
 def describe(node: Any) -> dict[str, Any]:
@@ -62,6 +66,11 @@ class Trace:
         """Record a finished instance."""
         with self._lock:
             self.instances.append(instance)
+
+    def remove(self, instance: GroupInstance) -> None:
+        """Forget an instance (one merged into another)."""
+        with self._lock:
+            self.instances.remove(instance)
 
     def leaf_vertex(self, node: Any) -> str:
         """The one vertex id this session gives a leaf tensor's AccumulateGrad node."""

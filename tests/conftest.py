@@ -1,0 +1,49 @@
+"""Shared fixtures: the cdist example as a module, and a clean flag/registry for every test."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import autograd_groups as ag
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The built-in ops register their spec once, at import: do it before any test's registry scope.
+with contextlib.suppress(ImportError):
+    import autograd_groups.ops  # noqa: F401
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    module_name = f"examples_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    ag.set_special_cases(True)
+    ag.reset_stats()
+    with ag.registry_scope():
+        yield
+    ag.set_special_cases(True)
+
+
+@pytest.fixture
+def cdist_example() -> ModuleType:
+    """examples/cdist.py with its rule registered for the test."""
+    module = load_example("cdist")
+    module.register()
+    return module
