@@ -166,13 +166,15 @@ def _close(instance: GroupInstance, roots: list[Any], named: dict[int, str]) -> 
     boundary: list[Any] = []
     edges: list[tuple[Any, Any]] = []
     seen: set[int] = set()
+    start = instance._start
     stack = list(reversed(roots))
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        key = id(node)
+        if key in seen:
             continue
-        seen.add(id(node))
-        if type(node) is _ACCUMULATE or id(node) in named or node._sequence_nr() < instance._start:
+        seen.add(key)
+        if type(node) is _ACCUMULATE or key in named or node._sequence_nr() < start:
             boundary.append(node)
             continue
         members.append(node)
@@ -195,12 +197,11 @@ def _install(instance: GroupInstance, members: Iterable[Any], vertices: dict[int
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
     for node in members:
-        key = nodes.node_key(node)
-        subgradients = rules.subgradients.get(key, ())
+        subgradients = rules.at(node)
         nan_safe = rules.nan_safe
         claim = node.metadata.get(_CLAIM) if read else None
         if claim is not None:
-            subgradients = () if key in claim.ruled else subgradients
+            subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
             nan_safe = None if claim.nan_safe else nan_safe
         vertex = vertices.get(id(node))
         if subgradients or nan_safe is not None:

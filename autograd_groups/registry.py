@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from . import nodes
 from .errors import RuleError
 from .rules import NanSafe, Override, Rule, Subgradient
 
@@ -19,6 +20,7 @@ class RuleSet:
     subgradients: dict[str, tuple[Subgradient, ...]] = field(default_factory=dict)
     nan_safe: NanSafe | None = None
     override: Override | None = None
+    _by_class: dict[type, tuple[Subgradient, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, rules: tuple[Rule, ...]) -> RuleSet:
@@ -32,6 +34,13 @@ class RuleSet:
 
     def __bool__(self) -> bool:
         return bool(self.rules)
+
+    def at(self, node: object) -> tuple[Subgradient, ...]:
+        """The subgradient rules for the op of ``node``, looked up once per node class."""
+        found = self._by_class.get(type(node))
+        if found is None:
+            found = self._by_class[type(node)] = self.subgradients.get(nodes.node_key(node), ())
+        return found
 
 
 EMPTY = RuleSet()
