@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.checkpoint import CheckpointError
 
 from . import counters, flag, nodes
 from .errors import RuleError
@@ -38,8 +39,11 @@ def _fits(shape: torch.Size, target: torch.Size) -> bool:
 
 
 def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
-    """Whether ``grad`` may be filled in place: a fresh dense tensor no other gradient shares."""
-    if grad._base is not None or torch.is_grad_enabled() or not grad.is_contiguous():
+    """Whether ``grad`` may be filled in place: a fresh dense tensor no other gradient shares.
+
+    Batched gradients (``is_grads_batched``, ``jacobian(vectorize=True)``) have no storage: never."""
+    if (grad._base is not None or torch.is_grad_enabled() or not grad.is_contiguous()
+            or not torch._C._has_storage(grad)):
         return False
     pointer = grad.data_ptr()
     return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
@@ -48,6 +52,11 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
 def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, grads: Grads,
                       grad_outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
     """Apply ``rule`` to ``grads`` (in place where safe); return the mask of elements it set."""
+    targets = range(len(grads)) if rule.input is None else (rule.input,)
+    if all(i >= len(grads) or grads[i] is None for i in targets):
+        # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
+        # saved values autograd may not have kept): the rule has nothing to do.
+        return torch.zeros((), dtype=torch.bool)
     env: dict[str, Any] = {"grad": grad_outputs[0]}
     try:
         for name in rule.saved:
@@ -57,6 +66,12 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
         raise _fail(instance, rule.label, nodes.node_op(node),
                     f"this {type(node).__name__} node does not save {missing!r}; it saves "
                     f"{', '.join(nodes.saved_names(node)) or 'nothing'}") from None
+    except CheckpointError as e:
+        raise _fail(instance, rule.label, nodes.node_op(node),
+                    f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
+                    f"use_reentrant=False lets autograd read a saved value once per backward pass, "
+                    f"and the op's own backward has read it: checkpoint this group with "
+                    f"use_reentrant=True, or call it outside the checkpointed function") from None
     try:
         mask = rule.when_fn.evaluate(env)
     except Exception as e:
@@ -127,7 +142,7 @@ def _value(rule: Subgradient, instance: GroupInstance, node: Any, env: dict[str,
     return value
 
 
-def apply_nan_safe(node: Any, grads: Grads,
+def apply_nan_safe(instance: GroupInstance, node: Any, grads: Grads,
                    grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
     """Zero every outgoing gradient element whose incoming gradients are all exactly zero;
     return the masks of the elements it changed."""
@@ -140,12 +155,14 @@ def apply_nan_safe(node: Any, grads: Grads,
         if grad is None:
             continue
         if elementwise and _fits(grad.shape, incoming[0].shape):
-            nonzero = (incoming[0] != 0).sum_to_size(grad.shape) if grad.shape != incoming[0].shape \
-                else incoming[0] != 0
-            fix = (nonzero == 0) & (grad != 0)
+            silent = incoming[0] == 0 if grad.shape == incoming[0].shape \
+                else (incoming[0] != 0).sum_to_size(grad.shape) == 0
+            fix = silent & (grad != 0)
         else:
             silent = torch.stack([g.eq(0).all() for g in incoming]).all()
             fix = silent & (grad != 0)
+        if grad.grad_fn is not None:
+            _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
         changed.append(fix)
     return changed
@@ -179,7 +196,7 @@ class SiteHook:
         for rule in self.subgradients:
             self._count(rule, [apply_subgradient(rule, instance, node, grads, grad_outputs)])
         if self.nan_safe is not None:
-            self._count(self.nan_safe, apply_nan_safe(node, grads, grad_outputs))
+            self._count(self.nan_safe, apply_nan_safe(instance, node, grads, grad_outputs))
         return tuple(grads)
 
     def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:

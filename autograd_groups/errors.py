@@ -26,3 +26,16 @@ class SpecError(GroupError):
     def __init__(self, errors: list[tuple[str, int, int, str]]) -> None:
         self.errors = errors
         super().__init__("\n".join(f"{f}:{line}:{col}: {msg}" for f, line, col, msg in errors))
+
+
+class NonFiniteError(GroupError):
+    """Inside ``detect_nonfinite()``, an op of a group produced a non-finite gradient from a finite
+    one; ``group``, ``instance``, ``op`` and ``where`` (the forward line that created the instance)
+    say where."""
+
+    def __init__(self, message: str, group: str, instance: str, op: str, where: str) -> None:
+        super().__init__(message)
+        self.group = group
+        self.instance = instance
+        self.op = op
+        self.where = where

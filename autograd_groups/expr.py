@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -110,7 +111,10 @@ def parse(source: str | int | float | bool) -> Expression:
     if not source.strip():
         raise ExpressionError("expression is empty")
     try:
-        tree = ast.parse(source.strip(), mode="eval")
+        with warnings.catch_warnings():
+            # "1if x else y" only warns; as an error it is reported like any other syntax error.
+            warnings.simplefilter("error")
+            tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as e:
         raise ExpressionError(f"syntax error in expression {source!r}: {e.msg}", e.offset or 1) from None
     except (RecursionError, MemoryError, ValueError):

@@ -16,13 +16,14 @@ import functools
 import inspect
 import sys
 import threading
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import counters, flag, nodes, registry, tracer
+from . import anomaly, counters, flag, nodes, registry, tracer
 from .dispatch import SiteHook
 from .errors import GroupError
 from .registry import RuleSet
@@ -31,8 +32,11 @@ from .rules import NanSafe, Subgradient
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CLAIM = "autograd_groups"
+_OUTSIDE = "autograd_groups.outside"
 _ACCUMULATE: type = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 _local = threading.local()
+# torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.
+_DYNAMO = "torch._dynamo"
 
 
 class GroupInstance:
@@ -129,7 +133,7 @@ def _open(name: str, depth: int) -> GroupInstance | None:
     session = tracer.active()
     counters.count_instance(name, enabled)
     rules = registry.ruleset(name) if enabled else registry.EMPTY
-    if not rules and session is None:
+    if not rules and session is None and not anomaly.active():
         return None
     stack = _stack()
     parent = stack[-1] if stack else None
@@ -189,10 +193,12 @@ def _close(instance: GroupInstance, roots: list[Any], named: dict[int, str]) -> 
         instance.session.add(instance)
 
 
-def _install(instance: GroupInstance, members: Iterable[Any], vertices: dict[int, str],
+def _install(instance: GroupInstance, members: list[Any], vertices: dict[int, str],
              tagged: bool = False) -> None:
     """Hook the instance's rules onto its members; innermost groups win on the same op."""
     rules = instance.rules
+    if rules and _DYNAMO in sys.modules:
+        _refuse_compiled(instance, members)
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
@@ -216,6 +222,20 @@ def _install(instance: GroupInstance, members: Iterable[Any], vertices: dict[int
             claim = node.metadata[_CLAIM] = _Claim(instance, vertex, tagged)
         claim.ruled.update(r.op_key for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
+    if anomaly.active():
+        anomaly.watch(instance, members)
+
+
+def _refuse_compiled(instance: GroupInstance, members: list[Any]) -> None:
+    """Raise if a member is a torch.compile'd graph: its ops are out of the rules' reach."""
+    if any(type(node).__name__ == "CompiledFunctionBackward" for node in members):
+        labels = ", ".join(r.label for r in instance.rules.rules)
+        raise GroupError(
+            f"group {instance.name!r} (created at {instance.where}) contains a torch.compile'd graph "
+            f"(a CompiledFunctionBackward node): autograd cannot see the ops inside it, so the "
+            f"group's rules ({labels}) cannot be applied there. Call the @autograd_group function "
+            f"from compiled code (it runs eagerly, as a graph break) rather than grouping or tagging "
+            f"compiled code, or wrap the grouped code in torch.compiler.disable")
 
 
 def _trace_members(instance: GroupInstance, members: list[Any], boundary: list[Any],
@@ -228,6 +248,9 @@ def _trace_members(instance: GroupInstance, members: list[Any], boundary: list[A
         vertex = claim.vertex if claim is not None and claim.vertex else f"{instance.id}:{k}"
         vertices[id(node)] = vertex
         graph.add_node(vertex, **describe_with_group(node, claim.owner if claim else instance))
+        outside = node.metadata.pop(_OUTSIDE, None)
+        if outside is not None:
+            _rename_outside(outside, vertex)
     for j, node in enumerate(boundary):
         vertices[id(node)] = _boundary_vertex(instance, node, j, named)
         instance.inputs.append(vertices[id(node)])
@@ -260,12 +283,26 @@ def _boundary_vertex(instance: GroupInstance, node: Any, j: int, named: dict[int
                        shape=[list(leaf.shape)], dtype=[str(leaf.dtype).replace("torch.", "")],
                        saved=[], rules=[], hits={}, group=None)
     else:
-        vertex = f"{instance.id}:in{j}"
+        # One vertex per outside node, whichever instances see it (see _rename_outside).
+        outside = node.metadata.setdefault(_OUTSIDE, [f"{instance.id}:in{j}"])
+        outside.append(instance)
+        vertex = outside[0]
         graph.add_node(vertex, **tracer.describe(node))
         graph.nodes[vertex].update(kind="input", group=None)
     if name is not None:
         graph.nodes[vertex]["name"] = name
     return vertex
+
+
+def _rename_outside(outside: list[Any], vertex: str) -> None:
+    """A node that nested instances saw as an outside input is a member of an enclosing one:
+    give it the member's vertex id in the nested instances' graphs too."""
+    import networkx as nx
+
+    old = outside[0]
+    for seen_by in outside[1:]:
+        nx.relabel_nodes(seen_by.graph, {old: vertex}, copy=False)
+        seen_by.inputs = [vertex if v == old else v for v in seen_by.inputs]
 
 
 def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...],
@@ -341,6 +378,12 @@ class autograd_group:
 
         @functools.wraps(fn)
         def grouped(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                if torch.compiler.is_exporting() or not torch.is_grad_enabled():
+                    return fn(*args, **kwargs)  # no autograd graph for rules: trace through
+                # Traced by torch.compile, the group's ops would become one compiled node that no
+                # rule can reach; run eagerly instead (a graph break), keeping the real nodes.
+                return torch.compiler.disable(this())(*args, **kwargs)
             instance = _open(name, 2)
             if instance is None:
                 return fn(*args, **kwargs)
@@ -356,6 +399,7 @@ class autograd_group:
             _close(instance, [t.grad_fn for t in _tensors(out) if t.grad_fn is not None], named)
             return out
 
+        this = weakref.ref(grouped)  # not the function itself: that would be a reference cycle
         grouped.__autograd_group__ = name  # type: ignore[attr-defined]
         return grouped  # type: ignore[return-value]
 
@@ -410,7 +454,7 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
         return tensor
     enabled = flag.current_state().for_group(name)
     session = tracer.active()
-    if not enabled and session is None:
+    if not enabled and session is None and not anomaly.active():
         return tensor
     claim = node.metadata.get(_CLAIM)
     if claim is not None and claim.tagged and claim.owner.name == name:

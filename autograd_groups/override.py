@@ -55,10 +55,15 @@ class _OverrideFunction(torch.autograd.Function):
         run.single = isinstance(out, torch.Tensor)
         ctx.run = run
         ctx.inner = (inner, outputs)
-        return tuple(t.detach() for t in outputs)
+        result = tuple(t.detach() for t in outputs)
+        # Saved for autograd's version check only: an input or output modified in place before the
+        # backward must raise, as with plain ops, rather than feed the check and the replacement.
+        ctx.save_for_backward(*inputs, *result)
+        return result
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        _ = ctx.saved_tensors  # raises if an input or output was modified in place
         run: _Run = ctx.run
         instance = run.instance
         rule: Override = instance.rules.override  # type: ignore[assignment]
@@ -77,11 +82,50 @@ class _OverrideFunction(torch.autograd.Function):
         if instance.graph is not None:
             instance.record_hit(None, rule.label, int(fired))
         if fired:
-            return (None, *_replacement(rule, instance, view, grads))
-        wanted = [x for x in inner if x.requires_grad]
-        found = iter(torch.autograd.grad(outputs, wanted, grads, retain_graph=True,
-                                         create_graph=torch.is_grad_enabled(), allow_unused=True))
-        return (None, *[next(found) if x.requires_grad else None for x in inner])
+            results = _replacement(rule, instance, view, grads)
+        else:
+            wanted = [x for x in inner if x.requires_grad]
+            found = iter(torch.autograd.grad(outputs, wanted, grads, retain_graph=True, allow_unused=True))
+            results = [next(found) if x.requires_grad else None for x in inner]
+        if torch.is_grad_enabled():
+            results = _once_differentiable(rule, run, grads, results)
+        return (None, *results)
+
+
+class _NotTwice(torch.autograd.Function):
+    """Passes the first ``n`` tensors through unchanged; differentiating them (with respect to any
+    of the tensors, the others being what they were computed from) raises ``message``."""
+
+    @staticmethod
+    def forward(ctx: Any, message: str, n: int, *tensors: torch.Tensor) -> Any:
+        ctx.message = message
+        return tuple(t.view_as(t) for t in tensors[:n])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        raise RuleError(ctx.message)
+
+
+def _once_differentiable(rule: Override, run: _Run, grads: tuple[torch.Tensor, ...],
+                         results: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The gradients of a create_graph backward, made to raise if differentiated again.
+
+    The replacement sees detached inputs and the chain runs on a detached copy of the subgraph, so a
+    second derivative through either would silently miss the inputs' part: an error instead.
+    """
+    instance = run.instance
+    message = (f"group {instance.name!r} (created at {instance.where}), rule {rule.label}: the "
+               f"backward of an override group is not differentiable, so a double backward "
+               f"(create_graph=True, hessian, gradgradcheck) cannot go through it; to differentiate "
+               f"this group twice, create it with special cases off: "
+               f"ag.special_cases(False, groups=[{instance.name!r}])")
+    present = [g.detach() for g in results if g is not None]
+    sources = [t for t in (*run.args, *run.kwargs.values(), *grads)
+               if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not present or not sources:
+        return results
+    wrapped = iter(_NotTwice.apply(message, len(present), *present, *sources))
+    return [None if g is None else next(wrapped) for g in results]
 
 
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
@@ -110,6 +154,14 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
 
     run = _Run(instance, fn, args, kwargs, named)
     try:
+        if torch._C._functorch.peek_interpreter_stack() is not None:
+            label = instance.rules.override.label  # type: ignore[union-attr]
+            raise RuleError(
+                f"group {instance.name!r} (created at {instance.where}) has an override rule "
+                f"({label}), which runs as a torch.autograd.Function that "
+                f"torch.func transforms (grad, vjp, jacrev, vmap, ...) cannot trace: use "
+                f"torch.autograd.grad or torch.autograd.functional.jacobian for this group, or create "
+                f"it with special cases off: ag.special_cases(False, groups=[{instance.name!r}])")
         out = _OverrideFunction.apply(run, *inputs)
     except BaseException:
         from .group import _stack

@@ -9,9 +9,10 @@ the node that consumes a tensor to the node that produced it.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -81,6 +82,41 @@ class Trace:
                 found = self._leaves[id(node)] = (node, f"leaf:{len(self._leaves)}")
         return found[1]
 
+    def to_dot(self) -> str:
+        """Graphviz DOT text: each group a cluster, repeated instances folded into one ``×N``."""
+        from .viz import draw, to_dot
+
+        return to_dot(draw(self.instances))
+
+    def to_mermaid(self) -> str:
+        """The same drawing as a Mermaid flowchart (renders on GitHub and in Markdown)."""
+        from .viz import draw, to_mermaid
+
+        return to_mermaid(draw(self.instances))
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Save the instances and their graphs to ``path`` as JSON (``"schema": 1``)."""
+        from .viz import save
+
+        save(self.instances, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        """A trace saved by :meth:`save`; its instances are ``viz.InstanceRecord`` objects with the
+        same fields as a ``GroupInstance`` (name, id, parent, where, enabled, graph, inputs,
+        outputs, hits) but no rules."""
+        from .viz import load
+
+        trace = cls()
+        trace.instances = cast("list[GroupInstance]", load(path))
+        return trace
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """Jupyter display: SVG and PNG when Graphviz is installed, else Mermaid text."""
+        from .viz import mimebundle
+
+        return mimebundle(self.instances)
+
 
 _sessions: list[Trace] = []
 _sessions_lock = threading.Lock()
@@ -114,6 +150,10 @@ def trace() -> Iterator[Trace]:
         with _sessions_lock:
             _sessions.remove(session)
             session._leaves.clear()
+        # Each instance points back at its session: cut that cycle so that a finished trace is
+        # freed by reference counting, not left to the cycle collector.
+        for instance in session.instances:
+            instance.session = None
 
 
 def leaf_tensor(node: Any) -> torch.Tensor | None:

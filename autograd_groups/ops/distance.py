@@ -1,0 +1,85 @@
+"""Distances: ``cdist``, ``pdist`` and ``dist``, each the p-norm of differences (see :mod:`.norms`).
+
+Identical points give a zero distance, where the p-norm's derivative is singular; the groups' rules
+give PyTorch's answer there: that pair contributes 0. ``cdist`` with ``p = 2`` follows
+``torch.cdist`` in choosing between the direct form and the matrix-product form of ATen's
+``_euclidean_dist``; both end in a ``sqrt``, so one rule covers both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..group import autograd_group
+from .norms import check_order, p_norm, reduce_dims
+
+_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
+
+
+def _use_mm(x1: torch.Tensor, x2: torch.Tensor, compute_mode: str) -> bool:
+    if compute_mode not in _MODES:
+        raise ValueError(f"ops.cdist: compute_mode={compute_mode!r} is not one of {', '.join(_MODES)}")
+    if compute_mode == "use_mm_for_euclid_dist_if_necessary":
+        return x1.shape[-2] > 25 or x2.shape[-2] > 25  # torch.cdist's own threshold
+    return compute_mode == "use_mm_for_euclid_dist"
+
+
+def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """ATen's ``_euclidean_dist`` op for op: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
+    x1_norm = (x1 * x1).sum(-1, keepdim=True)
+    x2_norm = (x2 * x2).sum(-1, keepdim=True)
+    x1_ = torch.cat([x1 * -2, x1_norm, torch.ones_like(x1_norm)], -1)
+    x2_ = torch.cat([x2, torch.ones_like(x2_norm), x2_norm], -1)
+    return x1_.matmul(x2_.transpose(-2, -1)).clamp_min(0).sqrt()
+
+
+@autograd_group("ops.cdist")
+def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
+          compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> torch.Tensor:
+    """``torch.cdist`` for ``0 < p <= inf``: p-norm distances between the rows of ``x1`` and ``x2``.
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], requires_grad=True)
+    >>> ag.ops.cdist(x, x.detach()).sum().backward()
+    >>> x.grad
+    tensor([[-0.7071, -0.7071],
+            [ 0.7071,  0.7071]])
+    """
+    if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
+        raise ValueError(f"ops.cdist: x1 and x2 must be at least 2-D with the same number of columns, "
+                         f"got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
+    p = check_order(p, "ops.cdist")
+    if p == 2 and _use_mm(x1, x2, compute_mode):
+        return _euclidean_mm(x1, x2)
+    return p_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, (-1,), False)
+
+
+@autograd_group("ops.pdist")
+def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """``torch.pdist``: the upper triangle of ``cdist(input, input, p)``, row by row.
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.tensor([[1.0, 1.0], [1.0, 1.0], [4.0, 5.0]], requires_grad=True)
+    >>> ag.ops.pdist(x)
+    tensor([0., 5., 5.], grad_fn=<SqrtBackward0>)
+    """
+    if input.dim() != 2:
+        raise ValueError(f"ops.pdist: input must be 2-D, got shape {tuple(input.shape)}")
+    p = check_order(p, "ops.pdist")
+    n = input.shape[0]
+    rows, cols = torch.triu_indices(n, n, 1, device=input.device)
+    return p_norm(input.index_select(0, rows) - input.index_select(0, cols), p, (-1,), False)
+
+
+@autograd_group("ops.dist")
+def dist(input: torch.Tensor, other: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """``torch.dist``: the p-norm of ``input - other`` (broadcast), a scalar; gradient 0 when equal.
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> ag.ops.dist(x, torch.ones(3)).backward()
+    >>> x.grad
+    tensor([0., 0., 0.])
+    """
+    diff = input - other
+    return p_norm(diff, check_order(p, "ops.dist"), reduce_dims(diff, None), False)

@@ -1,0 +1,90 @@
+"""Elementwise ops: ``pow`` as ``exp(y * log x)``, ``atan2`` from ``atan``, ``xlogy`` from ``log``.
+
+Each composite defines its value at its special points with ``torch.where`` (``0 ** 0 = 1``,
+``atan2(0, 0) = 0``, ``0 * log 0 = 0``), so only the gradient is left to the rules: the branch that
+``where`` does not select still runs backward, with a zero gradient times an infinite slope.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..group import autograd_group
+
+Operand = torch.Tensor | float
+
+
+def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands as tensors, a Python number taking the other's dtype and device."""
+    if not isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor):
+            raise TypeError(f"expected at least one tensor, got {type(a).__name__} and {type(b).__name__}")
+        a = torch.as_tensor(a, dtype=b.dtype, device=b.device)
+    if not isinstance(b, torch.Tensor):
+        b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+    return a, b
+
+
+@autograd_group("ops.pow")
+def pow(input: Operand, exponent: Operand) -> torch.Tensor:
+    """``torch.pow`` for ``input >= 0``, as ``exp(exponent * log(input))``.
+
+    Negative bases give NaN, as ``log`` does (``torch.pow`` also takes integer powers of negative
+    numbers). See docs/builtins.md for the gradient at ``input = 0``.
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
+    >>> y = ag.ops.pow(x, 3.0)
+    >>> y.sum().backward()
+    >>> x.grad
+    tensor([ 0., 12.])
+    """
+    x, y = _tensors(input, exponent)
+    log_x = torch.where((x == 0) & (y == 0), 0.0, torch.log(x))  # 0 ** 0 = 1, as torch.pow
+    return torch.exp(y * log_x)
+
+
+@autograd_group("ops.atan2")
+def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``torch.atan2(input, other)``: the angle of the point ``(other, input)``, in ``[-pi, pi]``.
+
+    ``atan`` is taken of the smaller coordinate over the larger, ``y / x`` or ``-x / y``; both
+    quotients are computed and ``where`` picks one, so the only zero denominators are the
+    origin's and those of the quotient not picked, on the axes.
+
+    >>> import torch, autograd_groups as ag
+    >>> y = torch.tensor([0.0, 1.0], requires_grad=True)
+    >>> x = torch.tensor([0.0, 0.0], requires_grad=True)
+    >>> ag.ops.atan2(y, x).sum().backward()
+    >>> y.grad, x.grad
+    (tensor([0., 0.]), tensor([ 0., -1.]))
+    """
+    y, x = input, other
+    with torch.no_grad():
+        steep = y.abs() > x.abs()
+        # atan2 = atan(y / x) + (pi if x < 0); on the steep side, pi / 2 + atan(-x / y); both signed
+        # by y. Signed zeros pick the side, as in torch.atan2; masks as factors, not selects.
+        turn = steep.to(y.dtype) * (math.pi / 2) + (torch.signbit(x) & ~steep).to(y.dtype) * math.pi
+        offset = torch.copysign(torch.ones_like(y), y) * turn
+        origin = (x == 0) & (y == 0)
+    angle = torch.atan(torch.where(steep, -x / y, y / x)) + offset
+    return torch.where(origin, offset, angle)
+
+
+@autograd_group("ops.xlogy")
+def xlogy(input: Operand, other: Operand) -> torch.Tensor:
+    """``torch.xlogy``: ``input * log(other)``, and 0 where ``input == 0`` (unless ``other`` is NaN).
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
+    >>> ag.ops.xlogy(x, torch.tensor([0.0, 1.0]))
+    tensor([0., 0.], grad_fn=<WhereBackward0>)
+    """
+    x, y = _tensors(input, other)
+    if x.shape != y.shape:
+        # The rule reads the product's incoming gradient, which must have the shape of x's.
+        x, y = torch.broadcast_tensors(x, y)
+    undefined = (x == 0) & ((y <= 0) | (y == math.inf))  # where 0 * log(y) is NaN
+    return torch.where(undefined, 0.0, x * torch.log(y))

@@ -1,0 +1,175 @@
+"""Loading spec files into the registry, all or nothing, and undoing a load.
+
+A spec is checked completely before anything is registered: every error of every file is
+collected, and one error means nothing is registered. Groups of several loads merge in the
+registry; a group is owned by one source, so a spec may not add rules to a group that is already
+registered (by another spec or from Python).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from types import TracebackType
+
+from .. import registry
+from ..errors import RuleError, SpecError
+from ..rules import Rule
+from .document import Document, Error, Source, read
+from .schema import GroupEntry, groups
+
+_origins: weakref.WeakKeyDictionary[Rule, SpecGroup] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class SpecGroup:
+    """A group loaded from a spec: its signature, doc, rules and where it is defined."""
+
+    name: str
+    signature: str
+    params: tuple[tuple[str, str], ...]
+    returns: str
+    doc: str
+    rules: tuple[Rule, ...]
+    where: str
+
+
+@dataclass(frozen=True)
+class Checked:
+    """The outcome of checking specs: the groups of each file, and every error."""
+
+    files: tuple[tuple[str, tuple[GroupEntry, ...]], ...]
+    errors: list[Error]
+
+
+class SpecHandle:
+    """What :func:`load_spec` registered; ``unload()`` (or leaving a ``with`` block) removes it.
+
+    >>> import autograd_groups as ag
+    >>> spec = "- name: tmp_pow(Tensor x) -> Tensor\\n  special_cases: [nan_safe: true]\\n"
+    >>> with ag.load_spec(spec) as handle:
+    ...     [g.name for g in handle.groups], "tmp_pow" in ag.list_rules()
+    (['tmp_pow'], True)
+    >>> "tmp_pow" in ag.list_rules()
+    False
+    """
+
+    def __init__(self, source: str, groups: tuple[SpecGroup, ...]) -> None:
+        self.source = source
+        self.groups = groups
+
+    def __repr__(self) -> str:
+        return f"<SpecHandle {self.source}: {', '.join(g.name for g in self.groups) or 'no groups'}>"
+
+    def unload(self) -> None:
+        """Unregister this load's rules; rules already gone (e.g. by a ``registry_scope``) are skipped."""
+        for group in self.groups:
+            for rule in group.rules:
+                if rule in registry.list_rules().get(group.name, ()):
+                    registry.unregister_rule(group.name, rule)
+
+    def __enter__(self) -> SpecHandle:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.unload()
+
+
+def check(sources: list[Source], *, allow_imports: bool = True) -> Checked:
+    """Check specs together, as if loaded one after the other; register nothing."""
+    files: list[tuple[str, tuple[GroupEntry, ...]]] = []
+    errors: list[Error] = []
+    first: dict[str, GroupEntry] = {}
+    for source in sources:
+        try:
+            label, text = read(source)
+        except SpecError as e:
+            errors.extend(e.errors)
+            continue
+        document = Document(label, text)
+        entries = groups(document, allow_imports=allow_imports)
+        registered = registry.list_rules()
+        for entry in entries:
+            seen = first.setdefault(entry.name, entry)
+            if seen is not entry:
+                document.error(entry.where[1:], f"group {entry.name!r} is defined twice; first at "
+                                                f"{':'.join(map(str, seen.where))}")
+            elif entry.name in registered:
+                document.error(entry.where[1:], f"group {entry.name!r} is already registered "
+                                                f"{_owner(registered[entry.name])}; a group has one source, "
+                                                f"so unload that one first or rename this group")
+        errors.extend(sorted(document.errors, key=lambda e: (e[1], e[2])))
+        files.append((label, tuple(entries)))
+    return Checked(tuple(files), errors)
+
+
+def _owner(rules: tuple[Rule, ...]) -> str:
+    group = next((_origins[r] for r in rules if r in _origins), None)
+    return f"by the spec at {group.where}" if group else "from Python (register_rule or a decorator)"
+
+
+def check_spec(*sources: Source, allow_imports: bool = True) -> list[Error]:
+    """Every ``(file, line, col, message)`` error of these specs; nothing is registered.
+
+    Checks the same things as :func:`load_spec`, including conflicts with the groups already
+    registered; several sources are checked as if loaded together.
+
+    >>> check_spec("- name: g(Tensor x) -> Tensor\\n  special_cases: [nan_save: true]\\n")
+    [('<string>', 2, 19, "unknown kind of special case: 'nan_save'; the kinds are subgradient, \
+nan_safe, override; did you mean 'nan_safe'?")]
+    """
+    return check(list(sources), allow_imports=allow_imports).errors
+
+
+def load_spec(source: Source, *, allow_imports: bool = True) -> SpecHandle:
+    """Register every group of a spec; raise :class:`SpecError` with all its errors, registering nothing.
+
+    ``source`` is a path (a ``str`` without a newline, a ``pathlib.Path``, or a package resource
+    such as ``importlib.resources.files(pkg) / "groups.yaml"``) or YAML text (a ``str`` with a
+    newline; errors then name the file ``<string>``). ``override`` rules import the modules they
+    name; ``allow_imports=False`` refuses that, so the spec runs no code at all.
+
+    >>> import torch, autograd_groups as ag
+    >>> spec = '''
+    ... - name: safe_sqrt(Tensor x) -> Tensor
+    ...   special_cases:
+    ...     - subgradient: {op: sqrt, when: "result == 0", grad: 0}
+    ... '''
+    >>> with ag.registry_scope():
+    ...     handle = ag.load_spec(spec)
+    ...     x = torch.tensor([0.0, 4.0], requires_grad=True)
+    ...     with ag.autograd_group("safe_sqrt"):
+    ...         y = x.sqrt()
+    ...     y.sum().backward()
+    ...     x.grad
+    tensor([0.0000, 0.2500])
+    """
+    checked = check([source], allow_imports=allow_imports)
+    if checked.errors:
+        raise SpecError(checked.errors)
+    label, entries = checked.files[0]
+    pending = [(entry.name, rule, where) for entry in entries for rule, where in entry.rules]
+    for i, (name, rule, where) in enumerate(pending):
+        try:
+            registry.register_rule(name, rule)
+        except RuleError as e:  # registered meanwhile from another thread: undo this load's part
+            for done_name, done_rule, _ in reversed(pending[:i]):
+                registry.unregister_rule(done_name, done_rule)
+            raise SpecError([(*where, str(e))]) from None
+    loaded = tuple(SpecGroup(e.name, e.signature, e.params, e.returns, e.doc, tuple(r for r, _ in e.rules),
+                             ":".join(map(str, e.where))) for e in entries)
+    for group in loaded:
+        for rule in group.rules:
+            _origins[rule] = group
+    return SpecHandle(label, loaded)
+
+
+def unload_spec(handle: SpecHandle) -> None:
+    """Undo :func:`load_spec`: the same as ``handle.unload()``."""
+    handle.unload()
+
+
+def origin(rule: Rule) -> SpecGroup | None:
+    """The spec group a registered rule was loaded from, or None for rules registered from Python."""
+    return _origins.get(rule)

@@ -1,0 +1,292 @@
+"""The shape of a spec: a list of groups, each with a signature, a doc and its special cases.
+
+Every problem is recorded with its position and checking goes on, so one run reports all of a
+file's errors. A rule is built (:class:`~autograd_groups.rules.Subgradient` ...) only from parts that
+passed their checks, so building it cannot fail on anything already reported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from .. import expr, nodes, registry
+from ..errors import ExpressionError, RuleError
+from ..rules import NanSafe, Override, Rule, Subgradient
+from .document import Document, describe, scalar
+from .signature import SignatureError, parse_signature
+
+Where = tuple[str, int, int]
+
+GROUP_KEYS = {"name": True, "doc": False, "special_cases": True}
+KINDS = ("subgradient", "nan_safe", "override")
+SUBGRADIENT_KEYS = {"op": True, "when": True, "grad": False, "input": False, "doc": False}
+NAN_SAFE_KEYS = {"doc": False}
+OVERRIDE_KEYS = {"check": True, "backward": True, "doc": False}
+
+_DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+_REFERENCE = re.compile(rf"(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})")
+
+
+@dataclass(frozen=True)
+class GroupEntry:
+    """A group as a spec declares it, with the position of each part."""
+
+    name: str
+    signature: str
+    params: tuple[tuple[str, str], ...]
+    returns: str
+    doc: str
+    rules: tuple[tuple[Rule, Where], ...]
+    where: Where
+
+
+def groups(document: Document, *, allow_imports: bool) -> list[GroupEntry]:
+    """Check a spec document, recording every error in it; return each group whose name line parses."""
+    root = document.compose()
+    if root is None or (isinstance(root, yaml.ScalarNode) and scalar(root) is None):
+        return []
+    if not isinstance(root, yaml.SequenceNode):
+        document.error(root, f"a spec is a list of groups ('- name: group(Tensor x) -> Tensor'), "
+                             f"not {describe(root)}")
+        return []
+    checker = _Checker(document, allow_imports)
+    return [g for g in map(checker.group, root.value) if g is not None]
+
+
+def _close(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6)
+    return f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+class _Checker:
+    """Checks one document; a part is built only if checking it recorded no new error."""
+
+    def __init__(self, document: Document, allow_imports: bool) -> None:
+        self.doc = document
+        self.allow_imports = allow_imports
+
+    def _where(self, node: yaml.Node) -> Where:
+        return self.doc.file, node.start_mark.line + 1, node.start_mark.column + 1
+
+    def group(self, node: yaml.Node) -> GroupEntry | None:
+        """The group, if its name line parses (its other parts may still have errors)."""
+        fields = self._fields(node, "a group", GROUP_KEYS)
+        signature = self._string(fields["name"], "'name'") if "name" in fields else None
+        parsed = None
+        if signature is not None:
+            try:
+                parsed = parse_signature(signature)
+            except SignatureError as e:
+                self._at_column(fields["name"], e.col, e.message)
+        doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
+        rules = []
+        if "special_cases" in fields:
+            rules = self._special_cases(fields["special_cases"], parsed.name if parsed else "?")
+        if parsed is None or signature is None:
+            return None
+        assert isinstance(fields["name"], yaml.ScalarNode)
+        position, _ = self.doc.inner(fields["name"], 1 + len(signature) - len(signature.lstrip()))
+        return GroupEntry(parsed.name, " ".join(signature.split()), parsed.params, parsed.returns, doc or "",
+                          tuple(rules), (self.doc.file, *position))
+
+    def _special_cases(self, node: yaml.Node, group: str) -> list[tuple[Rule, Where]]:
+        if not isinstance(node, yaml.SequenceNode) or not node.value:
+            self.doc.error(node, "'special_cases' must be a non-empty list of rules "
+                                 f"({', '.join(KINDS)}), not {describe(node)}")
+            return []
+        rules: list[tuple[Rule, Where]] = []
+        for item in node.value:
+            rule = self._rule(item)
+            if rule is None:
+                continue
+            for old, old_where in rules:
+                problem = registry._conflict(group, old, rule)
+                if problem:
+                    self.doc.error(item, f"group {group!r}: {rule.label} {problem} (line {old_where[1]})")
+            rules.append((rule, self._where(item)))
+        return rules
+
+    def _rule(self, node: yaml.Node) -> Rule | None:
+        if not isinstance(node, yaml.MappingNode):
+            self.doc.error(node, f"a special case is a mapping with one key, {', '.join(KINDS)} "
+                                 f"(as in '- nan_safe: true'), not {describe(node)}")
+            return None
+        if len(node.value) != 1:
+            keys = ", ".join(repr(k.value) for k, _ in node.value) or "none"
+            self.doc.error(node, f"a special case has exactly one key, {', '.join(KINDS)} "
+                                 f"(as in '- nan_safe: true'); this one has {keys}")
+            return None
+        key_node, value = node.value[0]
+        kind = scalar(key_node)
+        if kind == "subgradient":
+            return self._subgradient(value)
+        if kind == "nan_safe":
+            return self._nan_safe(value)
+        if kind == "override":
+            return self._override(value)
+        shown = repr(kind) if isinstance(kind, str) else describe(key_node)
+        self.doc.error(key_node, f"unknown kind of special case: {shown}; the kinds are "
+                                 f"{', '.join(KINDS)}{_close(str(kind), KINDS)}")
+        return None
+
+    def _subgradient(self, node: yaml.Node) -> Subgradient | None:
+        before = len(self.doc.errors)
+        fields = self._fields(node, "'subgradient'", SUBGRADIENT_KEYS)
+        op = self._string(fields["op"], "'op'") if "op" in fields else None
+        info = None
+        if op is not None:
+            try:
+                info = nodes.resolve_op(op)
+            except RuleError as e:
+                self.doc.error(fields["op"], str(e))
+        when = self._expression(fields["when"], "'when'", info) if "when" in fields else None
+        grad = self._expression(fields["grad"], "'grad'", info) if "grad" in fields else 0
+        index = self._index(fields["input"]) if "input" in fields else None
+        doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
+        if len(self.doc.errors) > before or op is None or when is None or grad is None or doc is None:
+            return None
+        return self._build(node, lambda: Subgradient(op=op, when=when, grad=grad, input=index, doc=doc))
+
+    def _nan_safe(self, node: yaml.Node) -> NanSafe | None:
+        if scalar(node) is True:
+            return NanSafe()
+        if not isinstance(node, yaml.MappingNode):
+            self.doc.error(node, f"'nan_safe' must be true or a mapping with a 'doc', not {describe(node)}")
+            return None
+        before = len(self.doc.errors)
+        fields = self._fields(node, "'nan_safe'", NAN_SAFE_KEYS)
+        doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
+        return NanSafe(doc=doc) if len(self.doc.errors) == before and doc is not None else None
+
+    def _override(self, node: yaml.Node) -> Override | None:
+        before = len(self.doc.errors)
+        fields = self._fields(node, "'override'", OVERRIDE_KEYS)
+        check = self._reference(fields["check"], "'check'") if "check" in fields else None
+        backward = self._reference(fields["backward"], "'backward'") if "backward" in fields else None
+        doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
+        if len(self.doc.errors) > before or check is None or backward is None or doc is None:
+            return None
+        return self._build(node, lambda: Override(check, backward=backward, doc=doc))
+
+    def _build(self, node: yaml.Node, make: Callable[[], Any]) -> Any:
+        try:
+            return make()
+        except RuleError as e:
+            self.doc.error(node, str(e))
+            return None
+
+    def _fields(self, node: yaml.Node, what: str, keys: dict[str, bool]) -> dict[str, yaml.Node]:
+        """The known keys of a mapping; unknown, duplicate and missing keys are recorded."""
+        if not isinstance(node, yaml.MappingNode):
+            self.doc.error(node, f"{what} must be a mapping with the keys {', '.join(keys)}, "
+                                 f"not {describe(node)}")
+            return {}
+        found: dict[str, yaml.Node] = {}
+        for key_node, value in node.value:
+            key = scalar(key_node)
+            if not isinstance(key, str):
+                self.doc.error(key_node, f"the keys of {what} are strings, not {describe(key_node)}")
+            elif key in found:
+                self.doc.error(key_node, f"duplicate key {key!r} in {what}")
+            elif key not in keys:
+                self.doc.error(key_node, f"unknown key {key!r} in {what}; the keys are "
+                                         f"{', '.join(keys)}{_close(key, list(keys))}")
+            else:
+                found[key] = value
+        missing = [k for k, required in keys.items() if required and k not in found]
+        if missing:
+            needed = " and ".join(repr(k) for k, required in keys.items() if required)
+            self.doc.error(node, f"{what} has no {' or '.join(map(repr, missing))}; it needs {needed}")
+        return found
+
+    def _string(self, node: yaml.Node, what: str) -> str | None:
+        value = scalar(node)
+        if not isinstance(value, str):
+            self.doc.error(node, f"{what} must be a string, not {describe(node)}")
+            return None
+        return value
+
+    def _index(self, node: yaml.Node) -> int | None:
+        value = scalar(node)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.doc.error(node, f"'input' must be a non-negative integer (the op's input position), "
+                                 f"not {describe(node)}")
+            return None
+        return value
+
+    def _at_column(self, node: yaml.Node, col: int, message: str) -> None:
+        if isinstance(node, yaml.ScalarNode):
+            position, suffix = self.doc.inner(node, col)
+            self.doc.error(position, message + suffix)
+        else:
+            self.doc.error(node, message)
+
+    def _expression(self, node: yaml.Node, what: str, info: nodes.OpInfo | None) -> str | int | float | None:
+        """An expression or a number; names are checked against the op's saved values when it is known."""
+        value = scalar(node)
+        if isinstance(value, (bool, int, float)):
+            return value
+        if not isinstance(value, str):
+            self.doc.error(node, f"{what} must be an expression string or a number, not {describe(node)}")
+            return None
+        lead = len(value) - len(value.lstrip())
+        try:
+            parsed = expr.parse(value)
+        except ExpressionError as e:
+            self._at_column(node, lead + e.col, f"{what}: {e.message}")
+            return None
+        if info is None:
+            return value
+        for name in sorted(parsed.names - info.saved - {"grad"}):
+            found = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", value)
+            self._at_column(node, found.start() + 1 if found else 1,
+                            f"{what} names {name!r}, which {info.name} does not save; it saves "
+                            f"{', '.join(sorted(info.saved)) or 'nothing'} (and every rule sees 'grad')"
+                            f"{_close(name, sorted(info.saved | {'grad'}))}")
+        return value
+
+    def _reference(self, node: yaml.Node, what: str) -> Callable[..., Any] | None:
+        """The callable named by ``module:function``, imported only when imports are allowed."""
+        text = self._string(node, what)
+        if text is None:
+            return None
+        start = 1 + len(text) - len(text.lstrip())
+        found = _REFERENCE.fullmatch(text.strip())
+        if found is None:
+            self._at_column(node, start, f"{what} must be 'module:function' (such as "
+                                         f"'mypkg.rules:norm_is_zero'), not {text!r}")
+            return None
+        module, attr = found["module"], found["attr"]
+        if any(part.startswith("__") for part in f"{module}.{attr}".split(".")):
+            self._at_column(node, start, f"{what}: names starting with '__' are not allowed ({text!r})")
+            return None
+        if not self.allow_imports:
+            self._at_column(node, start, f"{what}: {text!r} would import module {module!r}, and this spec is "
+                                         "loaded with allow_imports=False; load it with allow_imports=True "
+                                         "if you trust it")
+            return None
+        try:
+            target: Any = importlib.import_module(module)
+        except (Exception, SystemExit) as e:
+            self._at_column(node, start, f"{what}: cannot import module {module!r}: {type(e).__name__}: {e}")
+            return None
+        for part in attr.split("."):
+            try:
+                target = getattr(target, part)
+            except Exception:
+                close = _close(part, [n for n in dir(target) if not n.startswith("_")])
+                self._at_column(node, start + found.start("attr"),
+                                f"{what}: module {module!r} has no {attr!r}{close}")
+                return None
+        if not callable(target):
+            self._at_column(node, start, f"{what}: {text!r} is a {type(target).__name__}, not a function")
+            return None
+        fn: Callable[..., Any] = target
+        return fn

@@ -1,0 +1,47 @@
+"""Run a user's script as ``python SCRIPT.py ARGS`` would, reporting failure as an exit code."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+
+def run_script(path: str, args: list[str]) -> int:
+    """Run ``path`` as ``__main__`` with ``sys.argv == [path, *args]`` and its folder first on
+    ``sys.path``; return 0 when it finishes, else its exit code (1 for an exception, whose
+    traceback, from the script's own frames on, goes to stderr).
+
+    >>> import os, tempfile
+    >>> script = os.path.join(tempfile.mkdtemp(), "hello.py")
+    >>> with open(script, "w") as f:
+    ...     _ = f.write("import sys\\nprint(__name__, sys.argv[1:])\\n")
+    >>> run_script(script, ["--n", "3"])
+    __main__ ['--n', '3']
+    0
+    """
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
+    except BaseException as e:  # the script's own errors, KeyboardInterrupt included, end it
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        if tb is None and not isinstance(e, SyntaxError):
+            tb = e.__traceback__
+        traceback.print_exception(type(e), e, tb)
+        return 130 if isinstance(e, KeyboardInterrupt) else 1
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    return 0

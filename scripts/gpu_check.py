@@ -1,0 +1,244 @@
+"""CUDA checks for autograd-groups: the built-ins, the flag on the engine's device threads, speed.
+
+    python scripts/gpu_check.py                 # on a machine with a CUDA device
+    python scripts/gpu_check.py --device cpu    # the same checks on the CPU (tests the script)
+
+1. Every built-in (``ag.ops.*``, each case of tests/ops_cases.py, float32 and float64): forward and
+   backward on the device against the native PyTorch op, at inputs that contain the op's special
+   points.
+2. The special-cases flag: on CUDA the autograd engine runs the backward of CUDA nodes on its own
+   device thread, not on the thread that called ``backward()``. Checked: a rule runs on that thread;
+   the flag recorded at forward holds there; ``special_cases(False, during="backward")`` reaches
+   it; 4 threads at once, half of them inside such a block, each get their own reference result.
+3. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
+   interleaved runs), with special cases on and off.
+
+Without a CUDA device it prints a message and exits 0. Exit status 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import autograd_groups as ag
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import ops_cases  # noqa: E402  (the built-ins' cases with special points, shared with the tests)
+
+TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7)}  # (rtol, atol)
+
+
+def _upstream(out: torch.Tensor) -> torch.Tensor:
+    """A non-uniform, nonzero upstream gradient (as tests/ops_cases.py, on ``out``'s device)."""
+    return ((torch.arange(out.numel(), device=out.device) % 5 + 1).to(out.dtype) / 2).reshape(out.shape)
+
+
+def _on(device: torch.device, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(a.detach().to(device).requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _forward_backward(fn: Callable[..., torch.Tensor], args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    leaves = [a for a in args if isinstance(a, torch.Tensor)]
+    out = fn(*args, **kwargs)
+    return [out.detach(), *torch.autograd.grad(out, leaves, _upstream(out))]
+
+
+def _worst(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest difference between finite values; inf where one side is not finite alone."""
+    worst = 0.0
+    for g, w in zip(got, want):
+        g, w = g.double(), w.double()
+        same = (g == w) | (g.isnan() & w.isnan())
+        diff = torch.where(same, 0.0, (g - w).abs()).nan_to_num(float("inf"))
+        worst = max(worst, float(diff.max()) if diff.numel() else 0.0)
+    return worst
+
+
+def check_builtins(device: torch.device) -> int:
+    """Every built-in case on ``device`` against the native op; the number of failures."""
+    failures = 0
+    print(f"\n## Built-ins on {device}: forward and backward against the native op\n")
+    print("| case | dtype | max abs difference (value, gradients) | result |")
+    print("| --- | --- | --- | --- |")
+    for case in ops_cases.CASES:
+        for dtype in (torch.float32, torch.float64):
+            args = ops_cases.inputs(case, dtype)
+            ours = _forward_backward(case.ours, _on(device, args), case.kwargs)
+            native = _forward_backward(case.native, _on(device, args), case.kwargs)
+            rtol, atol = TOLERANCE[dtype]
+            try:
+                for got, want in zip(ours, native):
+                    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+                result = "ok"
+            except AssertionError as e:
+                failures += 1
+                result = "FAIL: " + str(e).splitlines()[0]
+            dtype_name = str(dtype).removeprefix("torch.")
+            print(f"| {case.id} | {dtype_name} | {_worst(ours, native):.2e} | {result} |")
+    return failures
+
+
+def _flag_checks(device: torch.device) -> list[tuple[str, bool]]:
+    ran_on: set[int] = set()
+
+    def at_zero(result: torch.Tensor) -> torch.Tensor:
+        ran_on.add(threading.get_ident())
+        return result == 0
+
+    ag.register_rule("gpu_check.norm", ag.Subgradient(op="sqrt", when=at_zero, grad=0))
+    grouped = ag.autograd_group("gpu_check.norm")(lambda x: x.pow(2).sum(-1).sqrt())
+
+    def grad(x: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(loss, x)[0]
+
+    def point() -> torch.Tensor:
+        x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], device=device, requires_grad=True)
+        return x
+
+    def finite(g: torch.Tensor) -> bool:
+        return bool(torch.isfinite(g).all())
+
+    checks: list[tuple[str, bool]] = []
+    x = point()
+    checks.append(("rules on: finite gradient", finite(grad(x, grouped(x).sum()))))
+    if device.type == "cuda":
+        checks.append(("the rule ran on the engine's device thread, not the caller's",
+                       bool(ran_on) and threading.get_ident() not in ran_on))
+    with ag.special_cases(False):
+        loss = grouped(x).sum()
+    checks.append(("flag off at forward, on at backward: NaN, as the plain composite",
+                   not finite(grad(x, loss))))
+    loss = grouped(x).sum()
+    with ag.special_cases(False):
+        checks.append(("flag on at forward, off at backward: finite (the forward decides)",
+                       finite(grad(x, loss))))
+    loss = grouped(x).sum()
+    with ag.special_cases(False, during="backward"):
+        checks.append(('during="backward" off: NaN on the device thread', not finite(grad(x, loss))))
+
+    reference = grad(x, grouped(x).sum())
+    mismatches = [0] * 4
+    barrier = threading.Barrier(4)
+
+    def work(k: int) -> None:
+        barrier.wait()
+        for _ in range(50):
+            loss = grouped(x).sum()
+            if k % 2:
+                with ag.special_cases(False, during="backward"):
+                    mismatches[k] += finite(grad(x, loss))
+            else:
+                mismatches[k] += not torch.equal(grad(x, loss), reference)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    checks.append(('4 threads x 50, half in during="backward" blocks: each pass obeys its own thread',
+                   mismatches == [0] * 4))
+    return checks
+
+
+def check_flag(device: torch.device) -> int:
+    """The flag's guarantees with the backward on the engine's threads; the number of failures."""
+    print(f"\n## The special-cases flag, backward on {device}\n")
+    with ag.registry_scope():
+        checks = _flag_checks(device)
+    for label, passed in checks:
+        print(f"- {'ok  ' if passed else 'FAIL'} {label}")
+    return sum(not passed for _, passed in checks)
+
+
+def _speed_cases(device: torch.device, scale: int) -> list[tuple[str, Callable[..., torch.Tensor],
+                                                              Callable[..., torch.Tensor], tuple[Any, ...],
+                                                              dict[str, Any]]]:
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device=device)
+
+    n, d = 1024 // scale, 64
+    rows, cols = 4096 // scale, 1024 // scale
+    ops = ag.ops
+    return [
+        (f"cdist ({n}, {n}, {d}), p=2", ops.cdist, torch.cdist, (randn(n, d), randn(n, d)), {}),
+        (f"cdist ({n // 4}, {n // 4}, {d}), p=1", ops.cdist, torch.cdist,
+         (randn(n // 4, d), randn(n // 4, d)), {"p": 1.0}),
+        (f"pdist ({n // 2}, {d})", ops.pdist, torch.pdist, (randn(n // 2, d),), {}),
+        (f"vector_norm ({rows}, {cols}), dim=-1", ops.vector_norm, torch.linalg.vector_norm,
+         (randn(rows, cols),), {"dim": -1}),
+        (f"normalize ({rows}, {cols})", ops.normalize, F.normalize, (randn(rows, cols),), {}),
+        (f"cosine_similarity ({rows}, {cols})", ops.cosine_similarity, F.cosine_similarity,
+         (randn(rows, cols), randn(rows, cols)), {}),
+        (f"std ({rows}, {cols}), dim=-1", ops.std, torch.std, (randn(rows, cols),), {"dim": -1}),
+        (f"pow ({rows}, {cols})", ops.pow, torch.pow, (randn(rows, cols).abs(), randn(rows, cols)), {}),
+        (f"atan2 ({rows}, {cols})", ops.atan2, torch.atan2, (randn(rows, cols), randn(rows, cols)), {}),
+        (f"xlogy ({rows}, {cols})", ops.xlogy, torch.xlogy, (randn(rows, cols), randn(rows, cols).abs()), {}),
+    ]
+
+
+def _time(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any],
+          enabled: bool, device: torch.device) -> float:
+    leaves = [a for a in args if isinstance(a, torch.Tensor)]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    with ag.special_cases(enabled):
+        out = fn(*args, **kwargs)
+    torch.autograd.grad(out, leaves, torch.ones_like(out))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def speed_table(device: torch.device, repeat: int, scale: int) -> None:
+    """Median forward+backward times of built-ins against native ops, runs interleaved."""
+    print(f"\n## Speed on {device}: forward + backward, median of {repeat} interleaved runs (float32)\n")
+    print("| op (shape) | native | ops, rules on | ops, special cases off | on / native | off / native |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, ours, native, raw, kwargs in _speed_cases(device, scale):
+        args = _on(device, raw)
+        variants = {"native": (native, True), "on": (ours, True), "off": (ours, False)}
+        for fn, enabled in variants.values():
+            _time(fn, args, kwargs, enabled, device)  # warm-up: kernels, caches
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(repeat):
+            for k, (fn, enabled) in variants.items():
+                times[k].append(_time(fn, args, kwargs, enabled, device))
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        print(f"| {label} | {med['native']:.3f} ms | {med['on']:.3f} ms | {med['off']:.3f} ms | "
+              f"{med['on'] / med['native']:.2f} | {med['off'] / med['native']:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test the script)")
+    parser.add_argument("--repeat", type=int, default=25, help="timed runs per variant (default 25)")
+    parser.add_argument("--scale", type=int, default=1, help="divide the speed table's sizes by this")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing checked.")
+        return 0
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"# gpu_check: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    failures = check_builtins(device) + check_flag(device)
+    speed_table(device, args.repeat, args.scale)
+    print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Memory: thousands of forward+backward passes through every form of group leave nothing behind.
+
+The cycle collector is switched off while the iterations run, so that a reference cycle created by
+a group instance, a hook, a trace session or the registry cannot be collected silently on the way:
+``gc.collect()`` afterwards must find none. Object and tensor counts are taken after a warm-up.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from reliability_models import cdist, euclidean_cdist, register_rules, safe_norm, safe_power
+
+import autograd_groups as ag
+from autograd_groups.dispatch import SiteHook
+from autograd_groups.group import GroupInstance
+from autograd_groups.tracer import Trace
+
+ITERATIONS = 5000
+TRACED_ITERATIONS = 500
+WARM_UP = 50
+MAX_ONE_OFF_OBJECTS = 100
+
+outer = ag.autograd_group("rel_outer")(lambda x1, x2: cdist(x1, x2).exp())
+
+
+@pytest.fixture(autouse=True)
+def _rules() -> None:
+    register_rules()
+    ag.register_rule("rel_outer", ag.Subgradient(op="exp", when="result > 1e30", grad=0))
+    ag.register_rule("rel_ctx", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    ag.register_rule("rel_tag", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+
+
+class Model(torch.nn.Module):
+    """Every form of group: decorator, nested decorators, ``with`` block, ``tag`` chain, override
+    and NaN-safe groups; identical rows make every rule fire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        z1, z2 = self.lin(x1), self.lin(x2)
+        with ag.autograd_group("rel_ctx"):
+            in_block = euclidean_cdist(z1, z2)
+        squared = ag.tag(ag.tag(z1 - z2[:1], "rel_tag").pow(2).sum(-1), "rel_tag")
+        tagged = ag.tag(squared.sqrt(), "rel_tag")
+        return (cdist(z1, z2).sum() + outer(z1, z2).sum() + in_block.sum() + tagged.sum()
+                + safe_norm(z1 - z2[:1]).sum() + safe_power(z1.abs(), 2 * torch.ones_like(z1)).sum())
+
+
+def _step(model: Model, i: int) -> list[weakref.ref[torch.Tensor]]:
+    """One forward+backward; flag on, off at forward, or off for the backward, by turns."""
+    x1 = torch.zeros(3, 2, requires_grad=True)
+    x2 = torch.zeros(2, 2, requires_grad=True)
+    model.zero_grad(set_to_none=True)
+    with ag.special_cases(i % 3 != 1):
+        loss = model(x1, x2)
+    with ag.special_cases(i % 3 != 2, during="backward"):
+        loss.backward()
+    assert x1.grad is not None
+    return [weakref.ref(t) for t in (x1, x2, x1.grad, loss)]
+
+
+def _ours(obj: object) -> bool:
+    """Objects a cycle through our groups would hold: ours, the test model's, plain tensors."""
+    kind = type(obj)
+    return (kind.__module__.startswith(("autograd_groups", "reliability_models", "test_memory"))
+            or kind in (torch.Tensor, torch.nn.Parameter))
+
+
+def _cycles() -> Counter[str]:
+    """Collect; return the types of our objects that only reference cycles kept alive.
+
+    Other libraries' garbage is not the subject: torch.compile, run earlier in the same worker,
+    leaves cyclic garbage of its own that the collector may find here."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = Counter(type(o).__qualname__ for o in gc.garbage if _ours(o))
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+    return found
+
+
+def _census() -> tuple[int, int, int]:
+    """Live objects, live tensors, and live group instances, rule-site hooks and trace sessions."""
+    objects = gc.get_objects()
+    ours = (GroupInstance, SiteHook, Trace)
+    return (len(objects), sum(issubclass(type(o), torch.Tensor) for o in objects),
+            sum(issubclass(type(o), ours) for o in objects))
+
+
+def _new_types(known: set[int]) -> Counter[str]:
+    return Counter(type(o).__qualname__ for o in gc.get_objects() if id(o) not in known)
+
+
+def _assert_no_leak(step: Callable[[int], list[weakref.ref[Any]]], iterations: int) -> None:
+    """Run ``step(i)`` ``iterations`` times after a warm-up; each step's weakly referenced objects
+    must be freed by the end of the step, and nothing may be left over or caught in a cycle.
+
+    Live tensors and our own objects must not grow at all. Python objects may grow by a few dozen
+    at most, once (Python's, torch's and pytest's lazily filled caches, now and then), while a
+    leak of one object per step would add ``iterations``.
+    """
+    for i in range(WARM_UP):
+        step(i)
+    gc.collect()  # garbage of first uses (lazy imports, caches) is not the subject
+    gc.disable()
+    try:
+        objects, tensors, ours = _census()
+        known = {id(o) for o in gc.get_objects()}
+        alive = 0
+        for i in range(iterations):
+            alive += sum(ref() is not None for ref in step(i))
+        assert alive == 0, "objects of a step outlived it"
+        assert _cycles() == Counter()
+        objects_after, tensors_after, ours_after = _census()
+        assert (tensors_after, ours_after) == (tensors, ours) == (tensors, 0)
+        assert objects_after - objects <= MAX_ONE_OFF_OBJECTS, _new_types(known)
+    finally:
+        gc.enable()
+
+
+def test_5000_iterations_leave_no_objects_tensors_or_cycles() -> None:
+    model = Model()
+    _assert_no_leak(lambda i: _step(model, i), ITERATIONS)
+
+
+def test_trace_sessions_leave_no_objects_or_cycles() -> None:
+    model = Model()
+
+    def traced_step(i: int) -> list[weakref.ref[Any]]:
+        with ag.trace() as t:
+            refs: list[weakref.ref[Any]] = [*_step(model, i)]
+        assert len(t.instances) >= 6
+        return [*refs, weakref.ref(t)]
+
+    _assert_no_leak(traced_step, TRACED_ITERATIONS)
+
+
+def test_registering_and_unregistering_leaves_no_objects_or_cycles() -> None:
+    x1 = torch.zeros(3, 2, requires_grad=True)
+    x2 = torch.zeros(2, 2, requires_grad=True)
+
+    def churn(i: int) -> list[weakref.ref[Any]]:
+        with ag.registry_scope():
+            rule = ag.register_rule("rel_churn", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+            grouped = ag.autograd_group("rel_churn")(euclidean_cdist)
+            grouped(x1, x2).sum().backward()
+            ag.unregister_rule("rel_churn", rule)
+        return [weakref.ref(rule), weakref.ref(grouped)]
+
+    _assert_no_leak(churn, 500)
+    assert x1.grad is not None and not x1.grad.isnan().any()

@@ -1,0 +1,201 @@
+"""`autograd-groups viz` and `stats`, run as the user runs them: a subprocess on a script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pydot
+import pytest
+
+import autograd_groups as ag
+from autograd_groups import cli
+
+pytestmark = pytest.mark.filterwarnings("ignore:'setParseAction' deprecated")
+needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+
+NESTED = textwrap.dedent('''
+    import sys
+    import torch
+    import autograd_groups as ag
+
+    ag.register_rule("beta", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+
+
+    @ag.autograd_group("beta")
+    def beta(x):
+        return x.sqrt() * 2
+
+
+    @ag.autograd_group("alpha")
+    def alpha(x):
+        return beta(x).exp().sum()
+
+
+    x = torch.tensor([0.0, 1.0, 4.0], requires_grad=True)
+    for _ in range(3):
+        alpha(x).backward()
+''')
+
+STATS = textwrap.dedent('''
+    import sys
+    import torch
+    import autograd_groups as ag
+
+    ag.register_rule("hit", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    ag.register_rule("miss", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+
+
+    @ag.autograd_group("hit")
+    def hit(x):
+        return x.sqrt().sum()
+
+
+    @ag.autograd_group("miss")
+    def miss(x):
+        return x.sqrt().sum()
+
+
+    @ag.autograd_group("plain")
+    def plain(x):
+        return (x * 2).sum()
+
+
+    x = torch.tensor(ZEROS + [1.0, 4.0], requires_grad=True)
+    y = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    for _ in range(int(sys.argv[1])):
+        (hit(x) + miss(y) + plain(y)).backward()
+''')
+
+
+def script(tmp_path: Path, source: str, name: str = "script.py") -> Path:
+    path = tmp_path / name
+    path.write_text(source)
+    return path
+
+
+def run(*args: str, path: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200")
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run([sys.executable, "-m", "autograd_groups.cli", *args], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)
+
+
+@needs_dot
+def test_viz_draws_svg_and_png(tmp_path: Path) -> None:
+    source = script(tmp_path, NESTED)
+    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"))
+    assert done.returncode == 0, done.stderr
+    svg = (tmp_path / "g.svg").read_text()
+    ET.fromstring(svg.encode())
+    assert "alpha ×3" in svg and "beta" in svg
+    done = run("viz", str(source), "--out", str(tmp_path / "g.png"))
+    assert done.returncode == 0, done.stderr
+    png = (tmp_path / "g.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+
+
+def test_viz_without_graphviz_says_how_to_install_it_and_writes_dot(tmp_path: Path) -> None:
+    source = script(tmp_path, NESTED)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"), path=str(empty))
+    assert done.returncode == 1
+    for hint in ("apt-get install graphviz", "brew install graphviz", "conda install graphviz"):
+        assert hint in done.stderr
+    assert not (tmp_path / "g.svg").exists()
+    (graph,) = pydot.graph_from_dot_file(str(tmp_path / "g.dot"))
+    assert [s.get_name() for s in graph.get_subgraphs()] == ["cluster_c0"]
+
+
+def test_script_that_raises_exits_1_with_its_traceback_and_no_file(tmp_path: Path) -> None:
+    source = script(tmp_path, NESTED + "\nraise ValueError('planted failure')\n", name="failing.py")
+    done = run("viz", str(source), "--out", str(tmp_path / "g.dot"))
+    assert done.returncode == 1
+    assert "Traceback (most recent call last)" in done.stderr
+    assert f'File "{source}", line' in done.stderr and "ValueError: planted failure" in done.stderr
+    assert "runpy" not in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py"]
+
+
+def test_missing_script_exits_2(tmp_path: Path) -> None:
+    for command in ("viz", "stats"):
+        done = run(command, str(tmp_path / "nope.py"))
+        assert done.returncode == 2
+        assert f"no such script: {tmp_path / 'nope.py'}" in done.stderr
+
+
+def test_arguments_after_dashes_reach_the_script(tmp_path: Path) -> None:
+    record = tmp_path / "argv.json"
+    source = script(tmp_path, NESTED + textwrap.dedent('''
+        import json
+        with open(sys.argv[1], "w") as f:
+            json.dump({"argv": sys.argv, "name": __name__}, f)
+    '''))
+    done = run("viz", str(source), "--out", str(tmp_path / "g.mmd"), "--", str(record), "--out", "-v")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(record.read_text()) == {"argv": [str(source), str(record), "--out", "-v"],
+                                              "name": "__main__"}
+    assert (tmp_path / "g.mmd").read_text().startswith("flowchart TB")
+
+
+def test_viz_without_out_prints_a_tree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["viz", str(script(tmp_path, NESTED))]) == 0
+    out = capsys.readouterr().out
+    # sqrt meets 0 once per pass (x[0]), three passes.
+    assert "alpha ×3" in out and "subgradient(sqrt: result == 0 -> 0): 3 elements changed" in out
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rich table's data rows, by group name."""
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0]:
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: Path) -> None:
+    steps, zeros = 3, [0.0, 0.0]
+    source = script(tmp_path, STATS.replace("ZEROS", repr(zeros)))
+    done = run("stats", str(source), "--", str(steps))
+    assert done.returncode == 0, done.stderr
+    rows = table_rows(done.stdout)
+    label = "subgradient(sqrt: result == 0 -> 0)"
+    # group, instances, off, backward passes, rule, calls, changed, verdict
+    assert rows["hit"] == ["hit", str(steps), "0", str(steps), label, str(steps), str(steps * len(zeros)),
+                           "keep on"]
+    assert rows["miss"] == ["miss", str(steps), "0", str(steps), label, str(steps), "0", "can be off"]
+    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules"]
+    line = 'with ag.special_cases(False, groups=["miss"]):'
+    assert line in done.stdout.splitlines()
+    compile(line + "\n    pass\n", "<pasted>", "exec")
+
+
+def test_stats_script_that_fails_passes_its_exit_code_on(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["stats", str(script(tmp_path, "import sys\nsys.exit(3)\n"))]) == 3
+    assert cli.main(["stats", str(script(tmp_path, "raise KeyError('k')\n"))]) == 1
+    captured = capsys.readouterr()
+    assert "KeyError: 'k'" in captured.err and "│" not in captured.out
+
+
+def test_json_out_and_group_filter_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = str(script(tmp_path, NESTED))
+    with ag.registry_scope():
+        assert cli.main(["viz", source, "--group", "beta", "--out", str(tmp_path / "t.json")]) == 0
+    loaded = ag.Trace.load(tmp_path / "t.json")
+    assert [i.name for i in loaded.instances] == ["beta"] * 3
+    with ag.registry_scope():
+        assert cli.main(["viz", source, "--group", "gamma"]) == 1
+    assert "no instance of group 'gamma' was traced; traced groups: alpha, beta" in capsys.readouterr().err
+    assert cli.main(["viz", source, "--out", str(tmp_path / "t.txt")]) == 2
+    assert not (tmp_path / "t.txt").exists()
