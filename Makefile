@@ -15,6 +15,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python examples/cdist.py
+	$(BIN)/python examples/metric_learning.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup

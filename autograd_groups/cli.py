@@ -10,9 +10,14 @@ from .viz import cli as viz_cli
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``autograd-groups`` with ``argv`` (default: the command line); return the exit code.
+    r"""Run ``autograd-groups`` with ``argv`` (default: the command line); return the exit code.
 
-    >>> main(["check", "--help"])  # doctest: +SKIP
+    >>> import pathlib, tempfile
+    >>> spec = pathlib.Path(tempfile.mkdtemp()) / "groups.yaml"
+    >>> _ = spec.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n")
+    >>> main(["check", str(spec)])  # doctest: +ELLIPSIS
+    /.../groups.yaml: ok (1 group(s), 1 rule(s))
+    0
     """
     parser = argparse.ArgumentParser(
         prog="autograd-groups",

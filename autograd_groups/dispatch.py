@@ -79,7 +79,7 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise _fail(instance, rule.label, nodes.node_op(node), f"'when' must give a bool tensor, not {got}")
-    for i in range(len(grads)) if rule.input is None else (rule.input,):
+    for i in targets:
         grad = grads[i] if i < len(grads) else None
         if grad is None:
             continue
@@ -187,8 +187,7 @@ class SiteHook:
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
         instance = self.instance
-        state = flag.backward_state()
-        if state is not None and not state.for_group(instance.name):
+        if flag.in_backward_scope() and not flag.backward_state().for_group(instance.name):  # type: ignore[union-attr]
             return None
         instance.note_backward()
         node = torch._C._current_autograd_node()

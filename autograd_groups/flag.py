@@ -58,6 +58,11 @@ def current_state() -> FlagState:
     return getattr(_local, "state", _ON)
 
 
+def in_backward_scope() -> bool:
+    """Whether the running backward pass was started inside ``special_cases(during="backward")``."""
+    return torch._C._is_key_in_tls(_BACKWARD_KEY)
+
+
 def backward_state() -> FlagState | None:
     """The backward-scoped state of the running backward pass, or None outside any."""
     if torch._C._is_key_in_tls(_BACKWARD_KEY):

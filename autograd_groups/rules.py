@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ class Subgradient:
         object.__setattr__(self, "when_fn", when_fn)
         object.__setattr__(self, "grad_fn", grad_fn)
 
-    @property
+    @functools.cached_property
     def label(self) -> str:
         """A short description used in errors, traces and statistics."""
         target = "" if self.input is None else f" [input {self.input}]"

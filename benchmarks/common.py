@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -9,13 +10,17 @@ from collections.abc import Callable
 
 def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
                         warmup: int = 3) -> dict[str, float]:
-    """Median seconds of each variant, run round-robin so that machine noise hits all alike."""
+    """Median seconds of each variant, run round-robin so that machine noise hits all alike, in a
+    new (seeded) order each round so that no variant always runs after the same one."""
     for _ in range(warmup):
         for fn in variants.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants.items())
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, fn in variants.items():
+        shuffle(order)
+        for name, fn in order:
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

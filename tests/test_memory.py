@@ -25,7 +25,9 @@ from autograd_groups.tracer import Trace
 ITERATIONS = 5000
 TRACED_ITERATIONS = 500
 WARM_UP = 50
-MAX_ONE_OFF_OBJECTS = 100
+# Caches of Python, torch and pytest fill now and then (up to ~110 objects seen, once per run); a
+# leak of even one object per step would add thousands.
+MAX_ONE_OFF_OBJECTS = 300
 
 outer = ag.autograd_group("rel_outer")(lambda x1, x2: cdist(x1, x2).exp())
 
@@ -107,7 +109,7 @@ def _assert_no_leak(step: Callable[[int], list[weakref.ref[Any]]], iterations: i
     """Run ``step(i)`` ``iterations`` times after a warm-up; each step's weakly referenced objects
     must be freed by the end of the step, and nothing may be left over or caught in a cycle.
 
-    Live tensors and our own objects must not grow at all. Python objects may grow by a few dozen
+    Live tensors and our own objects must not grow at all. Python objects may grow by a few hundred
     at most, once (Python's, torch's and pytest's lazily filled caches, now and then), while a
     leak of one object per step would add ``iterations``.
     """
