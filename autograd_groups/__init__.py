@@ -12,10 +12,12 @@ from .anomaly import detect_nonfinite
 from .counters import reset_stats, stats
 from .errors import ExpressionError, GroupError, NonFiniteError, RuleError, SpecError
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
-from .group import GroupInstance, autograd_group, tag
+from .group import autograd_group
+from .instance import GroupInstance
 from .registry import list_rules, register_rule, registry_scope, unregister_rule
 from .rules import NanSafe, Override, OverrideContext, Subgradient, special_case
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
+from .tagging import tag
 from .tracer import Trace, trace
 
 __all__ = [

@@ -25,7 +25,7 @@ from . import nodes
 from .errors import NonFiniteError
 
 if TYPE_CHECKING:
-    from .group import GroupInstance
+    from .instance import GroupInstance
 
 _lock = threading.Lock()
 _depth = 0
@@ -97,10 +97,10 @@ def watch(instance: GroupInstance, members: Iterable[Any]) -> None:
     """Hook a check onto every member of ``instance`` when it is an outermost instance (its close
     comes after every rule hook of its members was installed) or an override group (whose subgraph
     no enclosing instance walks)."""
-    from .group import _CLAIM
+    from .claims import CLAIM
 
     if instance.parent is not None and instance.rules.override is None:
         return
     for node in members:
-        claim = node.metadata.get(_CLAIM)
+        claim = node.metadata.get(CLAIM)
         node.register_hook(NonFiniteCheck(claim.owner if claim is not None else instance, node))

@@ -19,7 +19,7 @@ from .errors import RuleError
 from .rules import NanSafe, Subgradient
 
 if TYPE_CHECKING:
-    from .group import GroupInstance
+    from .instance import GroupInstance
 
 Grads = list[torch.Tensor | None]
 

@@ -7,16 +7,14 @@ separate: when the checker fires it is never executed; otherwise ``torch.autogra
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from . import counters, flag
 from .errors import RuleError
+from .instance import GroupInstance, close_instance, open_instances, pop_instance, tensors_of
 from .rules import Override, OverrideContext
-
-if TYPE_CHECKING:
-    from .group import GroupInstance
 
 
 class _Run:
@@ -35,8 +33,6 @@ class _Run:
 class _OverrideFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: _Run, *inputs: torch.Tensor) -> Any:
-        from .group import _close, _tensors
-
         inner = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
         swap = {id(outer): new for outer, new in zip(inputs, inner)}
         args = tuple(swap.get(id(a), a) for a in run.args)
@@ -46,12 +42,12 @@ class _OverrideFunction(torch.autograd.Function):
             for i, (outer, new) in enumerate(zip(inputs, inner))}
         with torch.enable_grad():
             out = run.fn(*args, **kwargs)
-        outputs = _tensors(out)
+        outputs = tensors_of(out)
         if not outputs or (not isinstance(out, torch.Tensor) and len(outputs) != len(out)):
             raise RuleError(f"group {run.instance.name!r} (created at {run.instance.where}) has an "
                             f"override rule, so it must return a tensor or a tuple of tensors, "
                             f"not {type(out).__name__}")
-        _close(run.instance, [t.grad_fn for t in outputs if t.grad_fn is not None], named)
+        close_instance(run.instance, [t.grad_fn for t in outputs if t.grad_fn is not None], named)
         run.single = isinstance(out, torch.Tensor)
         ctx.run = run
         ctx.inner = (inner, outputs)
@@ -150,8 +146,6 @@ def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
 def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  inputs: list[torch.Tensor], named: dict[int, str]) -> Any:
     """Call ``fn`` as an override group: one autograd node that wraps the group's own subgraph."""
-    from .group import _pop
-
     run = _Run(instance, fn, args, kwargs, named)
     try:
         if torch._C._functorch.peek_interpreter_stack() is not None:
@@ -164,9 +158,8 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
                 f"it with special cases off: ag.special_cases(False, groups=[{instance.name!r}])")
         out = _OverrideFunction.apply(run, *inputs)
     except BaseException:
-        from .group import _stack
 
-        if instance in _stack():
-            _pop(instance)
+        if instance in open_instances():
+            pop_instance(instance)
         raise
     return out[0] if run.single else out

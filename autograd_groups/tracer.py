@@ -19,7 +19,7 @@ import torch
 from . import nodes
 
 if TYPE_CHECKING:
-    from .group import GroupInstance
+    from .instance import GroupInstance
 
 
 _saved_by_class: dict[type, list[str]] = {}

@@ -19,7 +19,7 @@ from reliability_models import cdist, euclidean_cdist, register_rules, safe_norm
 
 import autograd_groups as ag
 from autograd_groups.dispatch import SiteHook
-from autograd_groups.group import GroupInstance
+from autograd_groups.instance import GroupInstance
 from autograd_groups.tracer import Trace
 
 ITERATIONS = 5000

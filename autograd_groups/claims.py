@@ -1,0 +1,26 @@
+"""What a group leaves in an autograd node's ``metadata``: which instance owns the node and which
+rules were applied to it, so nested groups and tagged chains can see each other's work."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .instance import GroupInstance
+
+CLAIM = "autograd_groups"
+# A node outside an instance that traced instances drew as an input: its one vertex id, and who drew it.
+OUTSIDE = "autograd_groups.outside"
+
+
+class Claim:
+    """What a node's ``metadata`` remembers: its innermost instance and the rules applied to it."""
+
+    __slots__ = ("owner", "ruled", "nan_safe", "vertex", "tagged")
+
+    def __init__(self, owner: GroupInstance, vertex: str | None, tagged: bool) -> None:
+        self.owner = owner
+        self.ruled: set[str] = set()
+        self.nan_safe = False
+        self.vertex = vertex
+        self.tagged = tagged

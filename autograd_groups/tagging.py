@@ -1,0 +1,102 @@
+"""``tag``: mark the op that produced a tensor as part of a group, as the seed of the idea sketches
+(``at::add(x, y).autograd_group('group1')``). Tagged ops that feed each other form one instance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import anomaly, counters, flag, registry, subgraph, tracer
+from .claims import CLAIM
+from .instance import GroupInstance, caller, install_rules, open_instances
+
+
+def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """Mark the op that produced ``tensor`` as part of group ``name``; return ``tensor``.
+
+    Tagged ops that feed each other directly form one instance, as in
+    ``a = tag(x + y, "g"); b = tag(a * y, "g")``. Only the tagged ops are members: tag every op of
+    the compound op (see docs/groups.md).
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> y = ag.tag(x.sqrt(), "g")
+    >>> y is ag.tag(y, "g")
+    True
+    """
+    node: Any = tensor.grad_fn
+    if node is None:
+        return tensor
+    enabled = flag.current_state().for_group(name)
+    session = tracer.active()
+    if not enabled and session is None and not anomaly.active():
+        return tensor
+    claim = node.metadata.get(CLAIM)
+    if claim is not None and claim.tagged and claim.owner.name == name:
+        return tensor
+    owners: list[GroupInstance] = []
+    for child, _ in node.next_functions:
+        child_claim = child.metadata.get(CLAIM) if child is not None else None
+        if child_claim is not None and child_claim.tagged and child_claim.owner.name == name:
+            owner = root(child_claim.owner)
+            if owner not in owners:
+                owners.append(owner)
+    if owners:
+        instance = owners[0]
+        for other in owners[1:]:
+            merge(instance, other)
+    else:
+        counters.count_instance(name, enabled)
+        rules = registry.ruleset(name) if enabled else registry.EMPTY
+        stack = open_instances()
+        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session,
+                                 caller(2))
+        if session is not None:
+            session.add(instance)
+    vertices = trace_tagged(instance, node) if instance.graph is not None else {}
+    install_rules(instance, [node], vertices, tagged=True)
+    return tensor
+
+
+def root(instance: GroupInstance) -> GroupInstance:
+    while instance.merged_into is not None:
+        instance = instance.merged_into
+    return instance
+
+
+def merge(into: GroupInstance, other: GroupInstance) -> None:
+    """Two tagged chains of one group met at an op: from now on they are one instance."""
+    other.merged_into = into
+    counters.count_instance(other.name, other.enabled, -1)
+    if into.graph is not None and other.graph is not None:
+        into.graph.add_nodes_from(other.graph.nodes(data=True))
+        into.graph.add_edges_from(other.graph.edges)
+        into.inputs.extend(v for v in other.inputs if v not in into.inputs)
+        into.outputs.extend(other.outputs)
+        for label, count in other.hits.items():
+            into.hits[label] = into.hits.get(label, 0) + count
+        if other.session is not None:
+            other.session.remove(other)
+    # The rule sites already hooked still point at ``other``: let them record into ``into``.
+    other.graph, other.hits, other.inputs, other.outputs = into.graph, into.hits, into.inputs, into.outputs
+
+
+def trace_tagged(instance: GroupInstance, node: Any) -> dict[int, str]:
+    graph = instance.graph
+    vertex = f"{instance.id}:{graph.number_of_nodes()}"
+    graph.add_node(vertex, **subgraph.describe_with_group(node, instance))
+    for child, _ in node.next_functions:
+        if child is None:
+            continue
+        claim = child.metadata.get(CLAIM)
+        if claim is not None and root(claim.owner) is instance and claim.vertex is not None:
+            graph.add_edge(vertex, claim.vertex)
+            if claim.vertex in instance.outputs:
+                instance.outputs.remove(claim.vertex)
+        else:
+            child_vertex = subgraph.boundary_vertex(instance, child, len(instance.inputs), {})
+            instance.inputs.append(child_vertex)
+            graph.add_edge(vertex, child_vertex)
+    instance.outputs.append(vertex)
+    return {id(node): vertex}
