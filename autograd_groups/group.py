@@ -31,9 +31,10 @@ def _entries() -> list[_Entry]:
     return entries
 
 
-def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> tuple[dict[int, str], list[torch.Tensor]]:
-    """The tensor arguments of a call, by the id of the node (or leaf) that stands for each."""
+def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  ) -> tuple[dict[int, str], list[torch.Tensor], dict[str, Any]]:
+    """The tensor arguments of a call (by the id of the node or leaf that stands for each, and in
+    order), and every argument by its parameter name."""
     names: list[str] = []
     values: list[Any] = []
     if signature is not None:
@@ -51,7 +52,7 @@ def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...],
         if isinstance(value, torch.Tensor):
             tensors.append(value)
             named[id(value.grad_fn) if value.grad_fn is not None else id(value)] = name
-    return named, tensors
+    return named, tensors, dict(zip(names, values))
 
 
 class _Recorder(TorchFunctionMode):
@@ -112,8 +113,8 @@ class autograd_group:
             if instance is None:
                 return fn(*args, **kwargs)
             if instance.rules.override is not None:
-                named, inputs = _named_inputs(signature, args, kwargs)
-                return run_override(instance, fn, args, kwargs, inputs, named)
+                named, inputs, arguments = _named_inputs(signature, args, kwargs)
+                return run_override(instance, fn, args, kwargs, inputs, named, arguments)
             named = _named_inputs(signature, args, kwargs)[0] if instance.graph is not None else {}
             try:
                 out = fn(*args, **kwargs)

@@ -1,8 +1,9 @@
 """Override rules: a checker over a group's inputs and outputs picks, at backward time, between a
 replacement backward and the group's own chain (the fast-path/slow-path of ``prod_backward``).
 
-The group's function runs inside an ``autograd.Function`` on detached inputs, so its subgraph is
-separate: when the checker fires it is never executed; otherwise ``torch.autograd.grad`` runs it.
+The group's function runs inside an ``autograd.Function`` whose output is detached from the group's
+own subgraph: when the checker fires that subgraph is never executed; otherwise
+``torch.autograd.grad`` runs it.
 """
 
 from __future__ import annotations
@@ -20,52 +21,59 @@ from .rules import Override, OverrideContext
 class _Run:
     """Everything the Function needs that is not a tensor input."""
 
-    def __init__(self, instance: GroupInstance, fn: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any], named: dict[int, str]) -> None:
+    def __init__(self, instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 inputs: list[torch.Tensor], named: dict[int, str], arguments: dict[str, Any]) -> None:
         self.instance = instance
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
         self.named = named
         self.single = True
+        self.arguments = arguments
+        self.positions = {id(t): k for k, t in enumerate(inputs)}
+
+    def context(self, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...]) -> OverrideContext:
+        """What the rule sees, with ``inputs`` standing for the call's tensor arguments."""
+        arguments = {name: inputs[self.positions[id(value)]] if isinstance(value, torch.Tensor) else value
+                     for name, value in self.arguments.items()}
+        return OverrideContext(self.instance.name, inputs, outputs, arguments)
 
 
 class _OverrideFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: _Run, *inputs: torch.Tensor) -> Any:
-        inner = [x.detach().requires_grad_(x.requires_grad) for x in inputs]
-        swap = {id(outer): new for outer, new in zip(inputs, inner)}
-        args = tuple(swap.get(id(a), a) for a in run.args)
-        kwargs = {k: swap.get(id(v), v) for k, v in run.kwargs.items()}
-        named = {id(new) if new.grad_fn is None else id(new.grad_fn): run.named.get(
-            id(outer.grad_fn) if outer.grad_fn is not None else id(outer), f"arg{i}")
-            for i, (outer, new) in enumerate(zip(inputs, inner))}
+        # The group runs on its inputs themselves, so its own subgraph hangs off them: run by
+        # torch.autograd.grad in the backward (with create_graph, twice differentiable), or skipped.
         with torch.enable_grad():
-            out = run.fn(*args, **kwargs)
+            out = run.fn(*run.args, **run.kwargs)
         outputs = tensors_of(out)
         if not outputs or (not isinstance(out, torch.Tensor) and len(outputs) != len(out)):
             raise RuleError(f"group {run.instance.name!r} (created at {run.instance.where}) has an "
                             f"override rule, so it must return a tensor or a tuple of tensors, "
                             f"not {type(out).__name__}")
-        close_instance(run.instance, [t.grad_fn for t in outputs if t.grad_fn is not None], named)
+        close_instance(run.instance, [t.grad_fn for t in outputs if t.grad_fn is not None], run.named)
         run.single = isinstance(out, torch.Tensor)
         ctx.run = run
-        ctx.inner = (inner, outputs)
+        ctx.outputs = outputs
         result = tuple(t.detach() for t in outputs)
-        # Saved for autograd's version check only: an input or output modified in place before the
+        # Also what autograd's version check needs: an input or output modified in place before the
         # backward must raise, as with plain ops, rather than feed the check and the replacement.
         ctx.save_for_backward(*inputs, *result)
         return result
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        _ = ctx.saved_tensors  # raises if an input or output was modified in place
         run: _Run = ctx.run
+        saved = ctx.saved_tensors  # once: under torch.utils.checkpoint each unpack is single-use
+        inputs = saved[:len(saved) - len(ctx.outputs)]
         instance = run.instance
         rule: Override = instance.rules.override  # type: ignore[assignment]
-        inner, outputs = ctx.inner
-        view = OverrideContext(instance.name, tuple(x.detach() for x in inner),
-                               tuple(o.detach() for o in outputs))
+        create_graph = torch.is_grad_enabled()
+        # Under create_graph the replacement sees the inputs and the group's own outputs, with their
+        # graph, so what it computes with torch ops can be differentiated again.
+        view = run.context(*(
+            (tuple(inputs), tuple(ctx.outputs)) if create_graph
+            else (tuple(x.detach() for x in inputs), tuple(o.detach() for o in ctx.outputs))))
         state = flag.backward_state()
         enabled = state is None or state.for_group(instance.name)
         instance.note_backward()
@@ -78,50 +86,11 @@ class _OverrideFunction(torch.autograd.Function):
         if instance.graph is not None:
             instance.record_hit(None, rule.label, int(fired))
         if fired:
-            results = _replacement(rule, instance, view, grads)
-        else:
-            wanted = [x for x in inner if x.requires_grad]
-            found = iter(torch.autograd.grad(outputs, wanted, grads, retain_graph=True, allow_unused=True))
-            results = [next(found) if x.requires_grad else None for x in inner]
-        if torch.is_grad_enabled():
-            results = _once_differentiable(rule, run, grads, results)
-        return (None, *results)
-
-
-class _NotTwice(torch.autograd.Function):
-    """Passes the first ``n`` tensors through unchanged; differentiating them (with respect to any
-    of the tensors, the others being what they were computed from) raises ``message``."""
-
-    @staticmethod
-    def forward(ctx: Any, message: str, n: int, *tensors: torch.Tensor) -> Any:
-        ctx.message = message
-        return tuple(t.view_as(t) for t in tensors[:n])
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        raise RuleError(ctx.message)
-
-
-def _once_differentiable(rule: Override, run: _Run, grads: tuple[torch.Tensor, ...],
-                         results: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """The gradients of a create_graph backward, made to raise if differentiated again.
-
-    The replacement sees detached inputs and the chain runs on a detached copy of the subgraph, so a
-    second derivative through either would silently miss the inputs' part: an error instead.
-    """
-    instance = run.instance
-    message = (f"group {instance.name!r} (created at {instance.where}), rule {rule.label}: the "
-               f"backward of an override group is not differentiable, so a double backward "
-               f"(create_graph=True, hessian, gradgradcheck) cannot go through it; to differentiate "
-               f"this group twice, create it with special cases off: "
-               f"ag.special_cases(False, groups=[{instance.name!r}])")
-    present = [g.detach() for g in results if g is not None]
-    sources = [t for t in (*run.args, *run.kwargs.values(), *grads)
-               if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not present or not sources:
-        return results
-    wrapped = iter(_NotTwice.apply(message, len(present), *present, *sources))
-    return [None if g is None else next(wrapped) for g in results]
+            return (None, *_replacement(rule, instance, view, grads))
+        wanted = [x for x in inputs if x.requires_grad]
+        found = iter(torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
+                                         create_graph=create_graph, allow_unused=True))
+        return (None, *[next(found) if x.requires_grad else None for x in inputs])
 
 
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
@@ -144,9 +113,9 @@ def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
 
 
 def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 inputs: list[torch.Tensor], named: dict[int, str]) -> Any:
+                 inputs: list[torch.Tensor], named: dict[int, str], arguments: dict[str, Any]) -> Any:
     """Call ``fn`` as an override group: one autograd node that wraps the group's own subgraph."""
-    run = _Run(instance, fn, args, kwargs, named)
+    run = _Run(instance, fn, args, kwargs, inputs, named, arguments)
     try:
         if torch._C._functorch.peek_interpreter_stack() is not None:
             label = instance.rules.override.label  # type: ignore[union-attr]

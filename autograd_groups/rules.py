@@ -119,11 +119,14 @@ class NanSafe:
 
 @dataclass
 class OverrideContext:
-    """What an override's checker and backward see: the group's inputs and outputs (detached)."""
+    """What an override's checker and backward see: the group's tensor inputs and its outputs
+    (detached, except under ``create_graph``), and every argument of the call by parameter name
+    (its tensors the same objects as in ``inputs``)."""
 
     group: str
     inputs: tuple[torch.Tensor, ...]
     outputs: tuple[torch.Tensor, ...]
+    arguments: dict[str, Any] = field(default_factory=dict)
 
 
 class Override:

@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..group import autograd_group
+from ..rules import OverrideContext
 
 Operand = torch.Tensor | float
 
@@ -35,15 +36,38 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     numbers). See docs/builtins.md for the gradient at ``input = 0``.
 
     >>> import torch, autograd_groups as ag
-    >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
-    >>> y = ag.ops.pow(x, 3.0)
-    >>> y.sum().backward()
+    >>> x = torch.tensor([0.0, 0.0, 2.0], requires_grad=True)
+    >>> ag.ops.pow(x, torch.tensor([3.0, 1.0, 3.0])).sum().backward()
     >>> x.grad
-    tensor([ 0., 12.])
+    tensor([ 0.,  1., 12.])
     """
     x, y = _tensors(input, exponent)
     log_x = torch.where((x == 0) & (y == 0), 0.0, torch.log(x))  # 0 ** 0 = 1, as torch.pow
     return torch.exp(y * log_x)
+
+
+def zero_base_low_exponent(ctx: OverrideContext) -> bool:
+    """The check of ``ops.pow``'s override: a zero base with an exponent in ``(0, 1]``.
+
+    There the slope ``y * x ** (y - 1)`` is ``inf`` (or 1 at ``y = 1``), but ``exp`` has already
+    multiplied the gradient by ``x ** y = 0`` before ``log`` divides by ``x``: no op of the chain
+    sees both factors, so no subgradient rule can give ``torch.pow``'s answer.
+    """
+    x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
+    return bool(((x == 0) & (y > 0) & (y <= 1)).any())
+
+
+def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``ops.pow``'s replacement backward when :func:`zero_base_low_exponent` fires: the gradients
+    of ``x ** y`` for its tensor operands as ``torch.pow`` defines them at ``x = 0``
+    (``pow_backward_self`` and ``pow_backward_exponent`` of PyTorch's ``FunctionsManual.cpp``)."""
+    (result,) = ctx.outputs
+    x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
+    slope = torch.where(y == 0, 0.0, y * torch.pow(x, y - 1))
+    log_x = torch.where((x == 0) & (y >= 0), 0.0, torch.log(x))
+    grads = {"input": (grad * slope).sum_to_size(x.shape),
+             "exponent": (grad * result * log_x).sum_to_size(y.shape)}
+    return tuple(g for name, g in grads.items() if isinstance(ctx.arguments[name], torch.Tensor))
 
 
 @autograd_group("ops.atan2")
