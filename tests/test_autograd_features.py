@@ -123,7 +123,8 @@ def test_double_backward_through_an_override_on_both_paths() -> None:
     hessian = torch.autograd.functional.hessian
     torch.testing.assert_close(hessian(lambda t: safe_norm(t).sum(), x),
                                hessian(lambda t: norm_reference(t).sum(), x), equal_nan=True)
-    assert torch.autograd.gradgradcheck(safe_norm, (torch.randn(2, 3, dtype=torch.float64, requires_grad=True),))
+    regular = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(safe_norm, (regular,))
 
 
 def test_override_group_created_with_special_cases_off_is_twice_differentiable() -> None:
