@@ -123,7 +123,7 @@ def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
     stack: list[Any] = [grad.grad_fn]
     while stack:
         current = stack.pop()
-        if id(current) in seen or current.__class__.__name__ == "AccumulateGrad":
+        if id(current) in seen or type(current) is nodes.ACCUMULATE_GRAD:
             continue
         seen.add(id(current))
         held.append(current)

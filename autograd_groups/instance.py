@@ -25,7 +25,6 @@ from .errors import GroupError
 from .registry import RuleSet
 from .rules import NanSafe, Subgradient
 
-_ACCUMULATE: type = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 _local = threading.local()
 # torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.
 _DYNAMO = "torch._dynamo"
@@ -146,7 +145,7 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
         if key in seen:
             continue
         seen.add(key)
-        if type(node) is _ACCUMULATE or key in named or node._sequence_nr() < start:
+        if type(node) is nodes.ACCUMULATE_GRAD or key in named or node._sequence_nr() < start:
             boundary.append(node)
             continue
         members.append(node)

@@ -15,6 +15,8 @@ import torch
 
 from .errors import RuleError
 
+#: The node class that accumulates into a leaf tensor's ``.grad``: where every graph walk stops.
+ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
 _BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -56,8 +58,7 @@ def catalogue() -> dict[str, OpInfo]:
             continue
         name = op_name_of_class(class_name)
         cls = getattr(torch._C._functions, class_name)
-        saved = {a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")}
-        found.setdefault(op_key(name), (name, set()))[1].update(saved)
+        found.setdefault(op_key(name), (name, set()))[1].update(_saved_of_class(cls))
     return {key: OpInfo(name, frozenset(saved), _is_pointwise(name))
             for key, (name, saved) in found.items()}
 
@@ -100,6 +101,17 @@ def is_pointwise_node(node: object) -> bool:
     return info is not None and info.pointwise
 
 
-def saved_names(node: object) -> list[str]:
-    """The names of the values this particular node saved, as ``derivatives.yaml`` spells them."""
-    return sorted(a[len("_saved_"):] for a in dir(node) if a.startswith("_saved_"))
+_saved_by_class: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_of_class(cls: type) -> tuple[str, ...]:
+    saved = _saved_by_class.get(cls)
+    if saved is None:
+        saved = _saved_by_class[cls] = tuple(sorted(
+            a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")))
+    return saved
+
+
+def saved_names(node: object) -> tuple[str, ...]:
+    """The names of the values this node's class saves, as ``derivatives.yaml`` spells them."""
+    return _saved_of_class(type(node))

@@ -22,16 +22,6 @@ if TYPE_CHECKING:
     from .instance import GroupInstance
 
 
-_saved_by_class: dict[type, list[str]] = {}
-
-
-def _saved_of_class(cls: type) -> list[str]:
-    saved = _saved_by_class.get(cls)
-    if saved is None:
-        saved = _saved_by_class[cls] = sorted(a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_"))
-    return saved
-
-
 def describe(node: Any) -> dict[str, Any]:
     """The vertex attributes of an autograd node: op, class, output shape/dtype, saved names."""
     meta = node._input_metadata
@@ -41,7 +31,7 @@ def describe(node: Any) -> dict[str, Any]:
         "node_class": type(node).__name__,
         "shape": [list(m.shape) for m in meta],
         "dtype": [str(m.dtype).replace("torch.", "") for m in meta],
-        "saved": list(_saved_of_class(type(node))),
+        "saved": list(nodes.saved_names(node)),
         "rules": [],
         "hits": {},
     }

@@ -66,28 +66,23 @@ def to_dot(folded: FoldedGraph) -> str:
     lines = ["digraph autograd_groups {", "  " + _GRAPH, "  " + _NODE, "  " + _EDGE,
              f"  label={quote(style.summary(folded))};"]
     emitted: set[str] = set()
-    stack: list[tuple[str, int]] = [(k, 1) for k in reversed(folded.roots)]
-    while stack:
-        key, depth = stack.pop()
+    for event, cluster, depth in folded.nesting():
         pad = "  " * depth
-        if key == "}":
+        if event == "close":
             lines.append(pad + "}")
             continue
-        cluster = folded.clusters[key]
-        if cluster.collapsed:
+        if event == "box":
             box = cluster.vertices[0]
             emitted.add(box)
             lines.append(pad + _vertex(names[box], box, graph.nodes[box]))
             continue
         color = _CLUSTER_COLORS[(depth - 1) % len(_CLUSTER_COLORS)]
-        lines.append(f"{pad}subgraph cluster_{key} {{")
+        lines.append(f"{pad}subgraph cluster_{cluster.key} {{")
         lines.append(f"{pad}  label={quote(chr(10).join(style.cluster_lines(cluster)))};")
         lines.append(f'{pad}  style="rounded"; color="{color}"; fontcolor="{color}"; '
-                     f"id={quote('cluster:' + key)}; class=\"group\";")
+                     f"id={quote('cluster:' + cluster.key)}; class=\"group\";")
         emitted.update(cluster.vertices)
         lines.extend(pad + "  " + _vertex(names[v], v, graph.nodes[v]) for v in cluster.vertices)
-        stack.append(("}", depth))
-        stack.extend((k, depth + 1) for k in reversed(cluster.children))
     lines.extend("  " + _vertex(names[v], v, attrs) for v, attrs in graph.nodes(data=True)
                  if v not in emitted)
     lines.extend(f"  {names[u]} -> {names[v]};" for u, v in graph.edges)

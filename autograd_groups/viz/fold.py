@@ -14,7 +14,7 @@ vertex of the representative, so hit counts add up and edges between instances f
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -85,6 +85,21 @@ class FoldedGraph:
             found.append(k)
             stack.extend(reversed(self.clusters[k].children))
         return found
+
+    def nesting(self) -> Iterator[tuple[str, Cluster, int]]:
+        """The clusters in drawing order, ``depth`` 1 at the top: ``("open", cluster, depth)``, then
+        its nested clusters, then ``("close", cluster, depth)``; a collapsed cluster comes once, as
+        ``("box", cluster, depth)``."""
+        stack: list[tuple[bool, str, int]] = [(False, k, 1) for k in reversed(self.roots)]
+        while stack:
+            closing, key, depth = stack.pop()
+            cluster = self.clusters[key]
+            if closing or cluster.collapsed:
+                yield ("close" if closing else "box"), cluster, depth
+                continue
+            yield "open", cluster, depth
+            stack.append((True, key, depth))
+            stack.extend((False, k, depth + 1) for k in reversed(cluster.children))
 
 
 def short_where(where: str) -> str:

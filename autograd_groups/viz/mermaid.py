@@ -67,22 +67,16 @@ def to_mermaid(folded: FoldedGraph) -> str:
             roles.setdefault("output", []).append(names[vertex])
         lines.append(pad + node)
 
-    stack: list[tuple[str, int]] = [(k, 1) for k in reversed(folded.roots)]
-    while stack:
-        key, depth = stack.pop()
+    for event, cluster, depth in folded.nesting():
         pad = "  " * depth
-        if key == "end":
+        if event == "close":
             lines.append(pad + "end")
-            continue
-        cluster = folded.clusters[key]
-        if cluster.collapsed:
+        elif event == "box":
             emit(pad, cluster.vertices[0])
-            continue
-        lines.append(f'{pad}subgraph {key}["{text(chr(10).join(style.cluster_lines(cluster)))}"]')
-        for v in cluster.vertices:
-            emit(pad + "  ", v)
-        stack.append(("end", depth))
-        stack.extend((k, depth + 1) for k in reversed(cluster.children))
+        else:
+            lines.append(f'{pad}subgraph {cluster.key}["{text(chr(10).join(style.cluster_lines(cluster)))}"]')
+            for v in cluster.vertices:
+                emit(pad + "  ", v)
     for v in graph:
         if v not in emitted:
             emit("  ", v)
