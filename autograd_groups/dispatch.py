@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from . import counters, flag, nodes
+from . import counters, flag, levels, nodes
 from .errors import RuleError
 from .rules import NanSafe, Subgradient
 
@@ -70,8 +70,10 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
         raise _fail(instance, rule.label, nodes.node_op(node),
                     f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
                     f"use_reentrant=False lets autograd read a saved value once per backward pass, "
-                    f"and the op's own backward has read it: checkpoint this group with "
-                    f"use_reentrant=True, or call it outside the checkpointed function") from None
+                    f"and the op's own backward has read it. Groups marked with @autograd_group or "
+                    f"`with` allow the second read; tag() marks ops after they saved their values: "
+                    f"mark this group with @autograd_group or `with`, or checkpoint it with "
+                    f"use_reentrant=True") from None
     try:
         mask = rule.when_fn.evaluate(env)
     except Exception as e:
@@ -95,8 +97,7 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
             raise _fail(instance, rule.label, nodes.node_op(node),
                         f"'grad' returned shape {tuple(value.shape)}, but the gradient of input {i} "
                         f"has shape {tuple(grad.shape)}")
-        if grad.grad_fn is not None:
-            _protect_formula(instance, node, grad, grad_outputs)
+        _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(mask, value, grad)
     return mask
 
@@ -108,19 +109,26 @@ def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
                      grad_outputs: Sequence[torch.Tensor | None]) -> None:
     """Make the graph of the op's own derivative formula NaN-safe (double backward only).
 
-    Under ``create_graph`` the replaced elements still sit in the graph of the formula that produced
-    ``grad`` (``grad / (2 * result)`` for sqrt), where their zero second-order gradient would meet
-    the same infinities: ``0 * inf``. Those formula nodes were made by this node's backward, so they
-    are exactly the nodes between ``grad`` and the tensors the formula read -- the node's saved
-    values and its incoming gradients -- and they get the NaN-safe rule.
+    When this backward is itself differentiated, the replaced elements still sit in the graph of the
+    formula that produced ``grad`` (``grad / (2 * result)`` for sqrt), where their zero second-order
+    gradient would meet the same infinities: ``0 * inf``. Those formula nodes were made by this
+    node's backward, so they are exactly the nodes between ``grad`` and the tensors the formula
+    read -- the node's saved values and its incoming gradients -- and they get the NaN-safe rule.
     """
+    for level in levels.differentiating_levels():
+        tracked = levels.at_level(grad, level)
+        if tracked is None or tracked.grad_fn is None:
+            continue
+        read = [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]
+        boundary = [t.grad_fn for t in (levels.at_level(v, level) for v in read) if t is not None]
+        _protect_graph(instance, node, tracked.grad_fn, boundary)
+
+
+def _protect_graph(instance: GroupInstance, node: Any, root: Any, boundary: list[Any]) -> None:
     # Python node wrappers die when unreferenced and their ids are reused: keep every one alive.
-    held = [node]
-    for value in [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]:
-        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
-            held.append(value.grad_fn)
+    held = [node, *(b for b in boundary if b is not None)]
     seen = {id(n) for n in held}
-    stack: list[Any] = [grad.grad_fn]
+    stack: list[Any] = [root]
     while stack:
         current = stack.pop()
         if id(current) in seen or type(current) is nodes.ACCUMULATE_GRAD:
@@ -161,8 +169,7 @@ def apply_nan_safe(instance: GroupInstance, node: Any, grads: Grads,
         else:
             silent = torch.stack([g.eq(0).all() for g in incoming]).all()
             fix = silent & (grad != 0)
-        if grad.grad_fn is not None:
-            _protect_formula(instance, node, grad, grad_outputs)
+        _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
         changed.append(fix)
     return changed

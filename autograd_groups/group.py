@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from .errors import GroupError
 from .instance import GroupInstance, close_instance, open_instance, pop_instance, tensors_of
+from .levels import graph_roots
 from .override import run_override
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -63,10 +64,11 @@ class _Recorder(TorchFunctionMode):
         self.roots: list[Any] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.compiler.is_compiling():
+            # Traced, the op would join a compiled graph that no rule can reach: run it eagerly.
+            func = torch.compiler.disable(func)
         out = func(*args, **(kwargs or {}))
-        for t in tensors_of(out):
-            if t.grad_fn is not None:
-                self.roots.append(t.grad_fn)
+        self.roots.extend(graph_roots(tensors_of(out)))
         return out
 
 
@@ -121,7 +123,7 @@ class autograd_group:
             except BaseException:
                 pop_instance(instance)
                 raise
-            close_instance(instance, [t.grad_fn for t in tensors_of(out) if t.grad_fn is not None], named)
+            close_instance(instance, graph_roots(tensors_of(out)), named)
             return out
 
         this = weakref.ref(grouped)  # not the function itself: that would be a reference cycle

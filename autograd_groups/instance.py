@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import anomaly, counters, flag, nodes, registry, subgraph, tracer
+from . import anomaly, counters, flag, nodes, registry, saved, subgraph, tracer
 from .claims import CLAIM, Claim
 from .dispatch import SiteHook
 from .errors import GroupError
@@ -58,6 +58,7 @@ class GroupInstance:
         self.merged_into: GroupInstance | None = None
         self._where = where
         self._task = -1
+        self.hooks_pushed = False
         self._start = torch._C._autograd._get_sequence_nr()
 
     @property
@@ -108,6 +109,8 @@ def open_instance(name: str, depth: int) -> GroupInstance | None:
     if parent is not None:
         parent.nested = True
     stack.append(instance)
+    # Popped by pop_instance: the saved-tensor hooks nest like the groups.
+    instance.hooks_pushed = rules.reads_saved and saved.push()
     return instance
 
 
@@ -117,6 +120,8 @@ def pop_instance(instance: GroupInstance) -> None:
         raise GroupError(f"group {instance.name!r} (created at {instance.where}) was closed out of "
                          f"order: groups must nest like `with` blocks")
     stack.pop()
+    if instance.hooks_pushed:
+        saved.pop()
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:

@@ -20,6 +20,7 @@ class RuleSet:
     subgradients: dict[str, tuple[Subgradient, ...]] = field(default_factory=dict)
     nan_safe: NanSafe | None = None
     override: Override | None = None
+    reads_saved: bool = False
     _by_class: dict[type, tuple[Subgradient, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -30,7 +31,8 @@ class RuleSet:
                 subgradients[r.op_key] = subgradients.get(r.op_key, ()) + (r,)
         return cls(rules, subgradients,
                    next((r for r in rules if isinstance(r, NanSafe)), None),
-                   next((r for r in rules if isinstance(r, Override)), None))
+                   next((r for r in rules if isinstance(r, Override)), None),
+                   any(r.saved for r in rules if isinstance(r, Subgradient)))
 
     def __bool__(self) -> bool:
         return bool(self.rules)

@@ -190,12 +190,32 @@ def test_torch_func_over_an_override_group_raises_a_clear_error() -> None:
     assert ag.instance.open_instances() == []
 
 
-@pytest.mark.xfail(strict=True, reason="known limitation, see docs/reliability.md: under torch.func "
-                   "reverse-over-reverse the derivative formula of a rule site is not made NaN-safe")
-def test_torch_func_reverse_over_reverse_through_a_subgradient() -> None:
+def test_torch_func_reverse_over_reverse_through_a_subgradient_equals_reference() -> None:
+    """Each torch.func grad transform records its own graph: the rule is hooked onto every one, and
+    the derivative formula is made NaN-safe in the graphs of the transforms around the backward."""
     x1, x2 = (t.detach() for t in _ties())
-    got = torch.func.jacrev(torch.func.jacrev(lambda a: cdist(a, x2).sum()))(x1)
     want = torch.autograd.functional.hessian(lambda a: cdist_reference(a, x2).sum(), x1)
+    func = torch.func
+    got = func.jacrev(func.jacrev(lambda a: cdist(a, x2).sum()))(x1)
+    torch.testing.assert_close(got, want)
+    row = func.grad(lambda a: func.grad(lambda b: cdist(b, x2).sum())(a)[0, 1])(x1)
+    torch.testing.assert_close(row, want[0, 1])
+
+
+def test_torch_func_reverse_over_reverse_through_nan_safe_equals_reference() -> None:
+    x, y = (t.detach() for t in _zero_base())
+    hessian = torch.autograd.functional.hessian
+    got = torch.func.jacrev(torch.func.jacrev(lambda a: safe_power(a, y).sum()))(x)
+    torch.testing.assert_close(got, hessian(lambda a: power_reference(a, y).sum(), x))
+
+
+def test_a_group_under_vmap_inside_grad_applies_its_rule() -> None:
+    """Under vmap the group's outputs are batched wrappers with no grad_fn of their own: the rule
+    is hooked onto the graph of the grad transform outside."""
+    x1, x2 = (t.detach() for t in _ties())
+    got = torch.func.grad(lambda a: torch.func.vmap(lambda row: cdist(row[None], x2))(a).sum())(x1)
+    want = torch.func.grad(lambda a: native_cdist(a, x2).sum())(x1)
+    assert not got.isnan().any()
     torch.testing.assert_close(got, want)
 
 
@@ -224,7 +244,7 @@ def _grads_of(loss_fn, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.grad for t in inputs)  # type: ignore[misc]
 
 
-def test_reentrant_checkpoint_gives_the_unchekpointed_gradients() -> None:
+def test_reentrant_checkpoint_gives_the_uncheckpointed_gradients() -> None:
     x1, x2 = _ties()
     want = _grads_of(_loss, x1, x2)
     assert not any(g.isnan().any() for g in want)
@@ -245,20 +265,65 @@ def test_reentrant_checkpoint_reads_the_flag_when_it_recomputes() -> None:
     assert x1.grad.isnan().any()
 
 
-def test_non_reentrant_checkpoint_of_nan_safe_and_override_groups() -> None:
+def test_non_reentrant_checkpoint_gives_the_uncheckpointed_gradients() -> None:
+    """The subgradient rule reads the op's saved result after the op's own backward did, which
+    non-reentrant checkpoint allows once per pass: the group's saved-tensor hooks allow it twice."""
+    x1, x2 = _ties()
+    want = _grads_of(_loss, x1, x2)
+    _assert_all_close(_grads_of(lambda a, b: checkpoint(_loss, a, b, use_reentrant=False), x1, x2), want)
+
+
+def test_non_reentrant_checkpoint_recomputes_the_groups_in_the_backward() -> None:
+    x1, x2 = _ties()
+    ag.reset_stats()
+    loss = checkpoint(cdist, x1, x2, use_reentrant=False).sum()
+    assert ag.stats()["rel_cdist"]["instances"] == 1
+    loss.backward()
+    assert ag.stats()["rel_cdist"]["instances"] == 2
+    assert ag.stats()["rel_cdist"]["rules"]["subgradient(sqrt: result == 0 -> 0)"]["calls"] == 1
+    assert not x1.grad.isnan().any()
+
+
+def test_non_reentrant_checkpoint_backward_twice_with_retain_graph() -> None:
+    x1, x2 = _ties()
+    want = tuple(g.clone() for g in _grads_of(_loss, x1, x2))
+    x1.grad = x2.grad = None
+    loss = checkpoint(_loss, x1, x2, use_reentrant=False)
+    loss.backward(retain_graph=True)
+    loss.backward()
+    _assert_all_close((x1.grad / 2, x2.grad / 2), want)
+
+
+def test_saved_tensor_hooks_around_a_group_see_each_saved_value_once() -> None:
+    """The group's hooks pack with the user's hooks, once per saved value, as without the group."""
+    x1, x2 = _ties()
+    packed: list[int] = []
+    for group in (cdist, euclidean_cdist):
+        packed.append(0)
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            packed[-1] += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            group(x1, x2).sum().backward()
+    assert packed[0] == packed[1] > 0
+    with torch.autograd.graph.save_on_cpu():
+        got = _grads_of(_loss, x1, x2)
+    _assert_all_close(got, _grads_of(_loss, x1, x2))
+
+
+def test_non_reentrant_checkpoint_of_a_tagged_rule_reading_saved_values_raises_a_clear_error() -> None:
+    """tag() marks an op after it saved its values, through the checkpoint's hooks alone."""
     x1, x2 = _ties()
 
-    def loss(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return safe_norm(a - b[:1]).sum() + safe_power((a - b[:1]).abs(), torch.full_like(a, 2.0)).sum()
+    def tagged(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        squared = (a.unsqueeze(-2) - b.unsqueeze(-3)).pow(2).sum(-1)
+        return ag.tag(squared.clamp_min(0).sqrt(), "rel_cdist")
 
-    _assert_all_close(_grads_of(lambda a, b: checkpoint(loss, a, b, use_reentrant=False), x1, x2),
-                      _grads_of(loss, x1, x2))
-
-
-def test_non_reentrant_checkpoint_of_a_rule_reading_saved_values_raises_a_clear_error() -> None:
-    x1, x2 = _ties()
-    with pytest.raises(ag.RuleError, match=r"group 'rel_cdist' .* at op sqrt: .* use_reentrant=True"):
-        checkpoint(cdist, x1, x2, use_reentrant=False).sum().backward()
+    with pytest.raises(ag.RuleError, match=r"group 'rel_cdist' .* at op sqrt: cannot read the op's "
+                                           r"saved 'result' .* mark this group with @autograd_group"):
+        checkpoint(tagged, x1, x2, use_reentrant=False).sum().backward()
 
 
 # -- grad modes and inputs that do not require grad ----------------------------------------------

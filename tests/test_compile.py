@@ -50,8 +50,8 @@ def test_compiled_model_gives_eager_gradients() -> None:
 
 def test_grouping_compiled_code() -> None:
     """A tag or a decorated function over compiled code would hide the ops in one compiled node: an
-    error, not a rule silently left out. A ``with`` block records through a TorchFunctionMode, under
-    which Dynamo runs the torch calls eagerly: its rules apply."""
+    error, not a rule silently left out. A ``with`` block records through a TorchFunctionMode, which
+    runs each torch call eagerly under Dynamo: its rules apply."""
     ag.register_rule("rel_compiled", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
     compiled_norm = torch.compile(lambda t: t.pow(2).sum(-1).sqrt(), backend="aot_eager")
     x = torch.zeros(2, 3, requires_grad=True)

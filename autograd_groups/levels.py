@@ -1,0 +1,68 @@
+"""Autograd graphs under torch.func: one per grad transform level.
+
+Inside torch.func transforms a tensor is a stack of wrappers, one per transform level, the
+innermost transform's outermost. Each grad transform (``grad``, ``vjp``, ``jacrev``) records its own
+autograd graph on its own wrapper, and plain autograd on the unwrapped tensor (level -1): the nodes
+Python sees through ``tensor.grad_fn`` are those of the innermost level only. A group hooks its
+rules onto every level's graph, and a rule site protects the derivative formula in the graphs that
+will differentiate it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._C._functorch import TransformType, get_unwrapped, maybe_get_level, peek_interpreter_stack
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+PLAIN = -1
+
+
+def graph_roots(tensors: list[torch.Tensor]) -> list[Any]:
+    """The autograd nodes that produced ``tensors``, in every graph that records them.
+
+    >>> import torch
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> [type(n).__name__ for n in graph_roots([x.exp()])]
+    ['ExpBackward0']
+    """
+    roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
+    if peek_interpreter_stack() is None:
+        return roots
+    for level in reversed([PLAIN, *_grad_levels()]):
+        for t in tensors:
+            tracked = at_level(t, level)
+            if tracked is not None and tracked is not t and tracked.grad_fn is not None:
+                roots.append(tracked.grad_fn)
+    return roots
+
+
+def differentiating_levels() -> list[int]:
+    """The levels whose graphs will differentiate the backward pass running now.
+
+    Outside torch.func that is plain autograd (under ``create_graph``). Inside, it is also every
+    grad transform around the one running this backward (reverse-over-reverse, ``jacrev(jacrev)``).
+    """
+    if peek_interpreter_stack() is None:
+        return [PLAIN]
+    interpreters = retrieve_all_functorch_interpreters()
+    levels = _grad_levels(interpreters)
+    if interpreters and interpreters[-1].key() == TransformType.Grad:
+        levels.pop()  # the transform running this backward: what it records of it is discarded
+    return [PLAIN, *levels]
+
+
+def at_level(value: Any, level: int) -> torch.Tensor | None:
+    """``value`` as the graph at ``level`` records it, or None if that level does not hold it."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    while (found := maybe_get_level(value)) > level:
+        value = get_unwrapped(value)
+    return value if found == level else None
+
+
+def _grad_levels(interpreters: list[Any] | None = None) -> list[int]:
+    if interpreters is None:
+        interpreters = retrieve_all_functorch_interpreters()
+    return [i.level() for i in interpreters if i.key() == TransformType.Grad]
