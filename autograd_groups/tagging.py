@@ -10,6 +10,7 @@ import torch
 from . import anomaly, counters, flag, registry, subgraph, tracer
 from .claims import CLAIM
 from .instance import GroupInstance, caller, install_rules, open_instances
+from .levels import graph_roots
 
 
 def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -25,16 +26,22 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     >>> y is ag.tag(y, "g")
     True
     """
-    node: Any = tensor.grad_fn
-    if node is None:
-        return tensor
     enabled = flag.current_state().for_group(name)
     session = tracer.active()
     if not enabled and session is None and not anomaly.active():
         return tensor
+    where = caller(2)
+    # Under torch.func each grad transform level has its own node for the op, and its own chains.
+    for node in graph_roots([tensor]):
+        _tag_node(node, name, enabled, session, where)
+    return tensor
+
+
+def _tag_node(node: Any, name: str, enabled: bool, session: tracer.Trace | None,
+              where: tuple[str, int]) -> None:
     claim = node.metadata.get(CLAIM)
     if claim is not None and claim.tagged and claim.owner.name == name:
-        return tensor
+        return
     owners: list[GroupInstance] = []
     for child, _ in node.next_functions:
         child_claim = child.metadata.get(CLAIM) if child is not None else None
@@ -50,13 +57,11 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
         counters.count_instance(name, enabled)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
-        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session,
-                                 caller(2))
+        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where)
         if session is not None:
             session.add(instance)
     vertices = trace_tagged(instance, node) if instance.graph is not None else {}
     install_rules(instance, [node], vertices, tagged=True)
-    return tensor
 
 
 def root(instance: GroupInstance) -> GroupInstance:

@@ -209,6 +209,18 @@ def test_torch_func_reverse_over_reverse_through_nan_safe_equals_reference() -> 
     torch.testing.assert_close(got, hessian(lambda a: power_reference(a, y).sum(), x))
 
 
+def test_a_group_under_vmap_then_backward_applies_its_rule() -> None:
+    """Under vmap the group's outputs are batched wrappers with no grad_fn; plain autograd records
+    the graph on the tensors they wrap."""
+    x1, x2 = _ties()
+    torch.func.vmap(lambda row: cdist(row[None], x2))(x1).sum().backward()
+    got = x1.grad
+    x1.grad = None
+    native_cdist(x1, x2).sum().backward()
+    assert got is not None and not got.isnan().any()
+    torch.testing.assert_close(got, x1.grad)
+
+
 def test_a_group_under_vmap_inside_grad_applies_its_rule() -> None:
     """Under vmap the group's outputs are batched wrappers with no grad_fn of their own: the rule
     is hooked onto the graph of the grad transform outside."""
@@ -217,6 +229,28 @@ def test_a_group_under_vmap_inside_grad_applies_its_rule() -> None:
     want = torch.func.grad(lambda a: native_cdist(a, x2).sum())(x1)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want)
+
+
+def _tagged_norm(x: torch.Tensor) -> torch.Tensor:
+    squared = ag.tag(ag.tag(x.pow(2), "rel_cdist").sum(-1), "rel_cdist")
+    return ag.tag(squared.sqrt(), "rel_cdist")
+
+
+def _norm_reference(x: torch.Tensor) -> torch.Tensor:
+    squared = x.pow(2).sum(-1)
+    zero = squared == 0
+    return torch.where(zero, 0.0, torch.where(zero, 1.0, squared).sqrt())
+
+
+def test_tagged_ops_under_torch_func_transforms() -> None:
+    """tag() marks the op's node in every grad transform level's graph, as the decorator does."""
+    x = _zero_row().detach()
+    func = torch.func
+    want = func.jacrev(func.jacrev(lambda a: _norm_reference(a).sum()))(x)
+    torch.testing.assert_close(func.jacrev(func.jacrev(lambda a: _tagged_norm(a).sum()))(x), want)
+    batched = x.clone().requires_grad_()
+    func.vmap(_tagged_norm)(batched).sum().backward()
+    torch.testing.assert_close(batched.grad, func.grad(lambda a: _norm_reference(a).sum())(x))
 
 
 def test_forward_mode_is_not_covered_by_rules() -> None:

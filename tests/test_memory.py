@@ -129,7 +129,8 @@ def _assert_no_leak(step: Callable[[int], list[weakref.ref[Any]]], iterations: i
         assert alive == 0, "objects of a step outlived it"
         assert _cycles() == Counter()
         objects_after, tensors_after, ours_after = _census()
-        assert (tensors_after, ours_after) == (tensors, ours) == (tensors, 0)
+        # Fewer is no leak: a collection during the run may free garbage an earlier test left.
+        assert tensors_after <= tensors and ours_after == ours == 0
         assert objects_after - objects <= MAX_ONE_OFF_OBJECTS, _new_types(known)
     finally:
         gc.enable()
