@@ -74,6 +74,18 @@ def floor_cdist(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def same_gradients(variants: dict, x1: torch.Tensor, x2: torch.Tensor) -> None:
+    """Every timed variant with the rule computes the same gradients (and no NaN)."""
+    want = None
+    for name, fn in variants.items():
+        got = torch.autograd.grad(fn(x1, x2).sum(), (x1, x2))
+        if want is None:
+            want = got
+        for g, w in zip(got, want):
+            if g.isnan().any() or not torch.allclose(g, w, rtol=1e-4, atol=1e-5):
+                raise SystemExit(f"bench_core: {name} computes other gradients than the group")
+
+
 def points(n: int, m: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x1 = torch.randn(n, d, generator=g)
@@ -115,6 +127,8 @@ def main() -> None:
     for size in SIZES:
         x1, x2 = points(*size)
         repeats = args.repeats or (400 if size[0] < 100 else 25)
+        same_gradients({"group": example.grouped_cdist, "custom": HandWrittenCdist.apply,
+                        "floor": floor_cdist}, x1, x2)
         medians = interleaved_medians({
             "plain": step(example.euclidean_cdist, x1, x2),
             "off": step(example.grouped_cdist, x1, x2, enabled=False),
