@@ -196,3 +196,17 @@ def test_during_backward_reaches_nested_backward_passes() -> None:
     with ag.special_cases(False, during="backward"):
         loss.backward()
     assert _same((x1.grad, x2.grad), torch.autograd.grad(_loss(x1, x2, plain=True), (x1, x2)))
+
+
+def test_concurrent_non_reentrant_checkpoints_match_the_reference() -> None:
+    """Saved-tensor hooks are per thread: each thread's checkpointed group keeps its own values."""
+    inputs = [_inputs(k) for k in range(THREADS)]
+    reference = [_cdist_grads(native_cdist, x1, x2) for x1, x2 in inputs]
+
+    def work(k: int) -> int:
+        x1, x2 = inputs[k]
+        checkpointed = lambda a, b: checkpoint(cdist, a, b, use_reentrant=False)  # noqa: E731
+        return sum(not torch.allclose(g, w) for _ in range(ITERATIONS // 4)
+                   for g, w in zip(_cdist_grads(checkpointed, x1, x2), reference[k]))
+
+    assert _run_threads(work) == [0] * THREADS
