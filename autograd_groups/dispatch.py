@@ -115,11 +115,13 @@ def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
     node's backward, so they are exactly the nodes between ``grad`` and the tensors the formula
     read -- the node's saved values and its incoming gradients -- and they get the NaN-safe rule.
     """
+    read: list[Any] | None = None
     for level in levels.differentiating_levels():
         tracked = levels.at_level(grad, level)
         if tracked is None or tracked.grad_fn is None:
             continue
-        read = [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]
+        if read is None:  # read once, and only when a graph will differentiate this backward
+            read = [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]
         boundary = [t.grad_fn for t in (levels.at_level(v, level) for v in read) if t is not None]
         _protect_graph(instance, node, tracked.grad_fn, boundary)
 

@@ -30,7 +30,7 @@ def graph_roots(tensors: list[torch.Tensor]) -> list[Any]:
     roots = [t.grad_fn for t in tensors if t.grad_fn is not None]
     if peek_interpreter_stack() is None:
         return roots
-    for level in reversed([PLAIN, *_grad_levels()]):
+    for level in reversed([PLAIN, *_grad_levels(retrieve_all_functorch_interpreters())]):
         for t in tensors:
             tracked = at_level(t, level)
             if tracked is not None and tracked is not t and tracked.grad_fn is not None:
@@ -62,7 +62,5 @@ def at_level(value: Any, level: int) -> torch.Tensor | None:
     return value if found == level else None
 
 
-def _grad_levels(interpreters: list[Any] | None = None) -> list[int]:
-    if interpreters is None:
-        interpreters = retrieve_all_functorch_interpreters()
+def _grad_levels(interpreters: list[Any]) -> list[int]:
     return [i.level() for i in interpreters if i.key() == TransformType.Grad]
