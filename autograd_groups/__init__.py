@@ -8,17 +8,17 @@ True
 import importlib
 from typing import Any
 
-from .anomaly import detect_nonfinite
-from .counters import reset_stats, stats
 from .errors import ExpressionError, GroupError, NonFiniteError, RuleError, SpecError
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
-from .group import autograd_group
-from .instance import GroupInstance
-from .registry import list_rules, register_rule, registry_scope, unregister_rule
-from .rules import NanSafe, Override, OverrideContext, Subgradient, special_case
+from .groups.group import autograd_group
+from .groups.instance import GroupInstance
+from .groups.tagging import tag
+from .observe.anomaly import detect_nonfinite
+from .observe.counters import reset_stats, stats
+from .observe.tracer import Trace, trace
+from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient, special_case
+from .rules.registry import list_rules, register_rule, registry_scope, unregister_rule
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
-from .tagging import tag
-from .tracer import Trace, trace
 
 __all__ = [
     "ExpressionError", "GroupError", "GroupInstance", "NanSafe", "Override", "OverrideContext",

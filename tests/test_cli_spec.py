@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
 import autograd_groups as ag
+from conftest import ROOT
 
 SPECS = ROOT / "examples" / "specs"
 ERROR_LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+): (?P<message>.+)$")

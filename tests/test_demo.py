@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, load_example
 from rich.console import Console
 
 import autograd_groups as ag
 from autograd_groups.viz.stats import KEEP, SAFE
+from conftest import ROOT, load_example
 
 pytestmark = pytest.mark.xdist_group(name="demo")  # one worker runs the module's single demo run
 STEPS = 30

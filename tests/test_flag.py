@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import autograd_groups as ag
-from autograd_groups import dispatch
+from autograd_groups.sites import hooks
 
 
 @pytest.fixture
@@ -52,13 +52,13 @@ def test_off_at_forward_is_exactly_plain_autograd(cdist_example, points):
 
 def test_off_installs_no_hook_and_no_wrapper(cdist_example, points, monkeypatch):
     made = []
-    original = dispatch.SiteHook.__init__
+    original = hooks.SiteHook.__init__
 
     def counting_init(self, *args, **kwargs):
         made.append(self)
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(dispatch.SiteHook, "__init__", counting_init)
+    monkeypatch.setattr(hooks.SiteHook, "__init__", counting_init)
     x1, x2 = (p.clone().requires_grad_() for p in points)
     with ag.special_cases(False):
         off_out = cdist_example.grouped_cdist(x1, x2)

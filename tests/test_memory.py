@@ -19,10 +19,10 @@ from reliability_models import cdist, euclidean_cdist, register_rules, safe_norm
 from torch.utils.checkpoint import checkpoint
 
 import autograd_groups as ag
-from autograd_groups.dispatch import SiteHook
-from autograd_groups.instance import GroupInstance
-from autograd_groups.saved import _Packed
-from autograd_groups.tracer import Trace
+from autograd_groups.groups.instance import GroupInstance
+from autograd_groups.observe.tracer import Trace
+from autograd_groups.sites.hooks import SiteHook
+from autograd_groups.sites.saved import _Packed
 
 ITERATIONS = 5000
 TRACED_ITERATIONS = 500

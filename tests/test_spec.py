@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, load_example
 
 import autograd_groups as ag
-from autograd_groups import expr
+from autograd_groups.rules import expr
 from autograd_groups.spec import loader
+from conftest import ROOT, load_example
 
 SPECS = ROOT / "examples" / "specs"
 

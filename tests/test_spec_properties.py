@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autograd_groups as ag
-from autograd_groups import expr
+from autograd_groups.rules import expr
 
 KEYS = ["name", "doc", "special_cases", "subgradient", "nan_safe", "override", "op", "when", "grad",
         "input", "check", "backward"]

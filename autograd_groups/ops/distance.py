@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..group import autograd_group
+from ..groups.group import autograd_group
 from .norms import check_order, p_norm, reduce_dims
 
 _MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from ..group import autograd_group
-from ..rules import OverrideContext
+from ..groups.group import autograd_group
+from ..rules.kinds import OverrideContext
 
 Operand = torch.Tensor | float
 

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..group import autograd_group
+from ..groups.group import autograd_group
 from .norms import Dims, reduce_dims
 
 

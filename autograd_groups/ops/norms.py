@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..group import autograd_group
+from ..groups.group import autograd_group
 
 Dims = int | Sequence[int] | None
 

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..registry import list_rules
-from ..rules import NanSafe, Override, Rule, Subgradient
+from ..rules.kinds import NanSafe, Override, Rule, Subgradient
+from ..rules.registry import list_rules
 from .loader import check, origin
 from .schema import GroupEntry
 

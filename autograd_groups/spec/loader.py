@@ -12,9 +12,9 @@ import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
-from .. import registry
 from ..errors import RuleError, SpecError
-from ..rules import Rule
+from ..rules import registry
+from ..rules.kinds import Rule
 from .document import Document, Error, Source, read
 from .schema import GroupEntry, groups
 

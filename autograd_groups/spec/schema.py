@@ -16,9 +16,10 @@ from typing import Any
 
 import yaml
 
-from .. import expr, nodes, registry
+from .. import nodes
 from ..errors import ExpressionError, RuleError
-from ..rules import NanSafe, Override, Rule, Subgradient
+from ..rules import expr, registry
+from ..rules.kinds import NanSafe, Override, Rule, Subgradient
 from .document import Document, describe, scalar
 from .signature import SignatureError, parse_signature
 

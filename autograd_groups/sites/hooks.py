@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from . import counters, flag, levels, nodes
-from .errors import RuleError
-from .rules import NanSafe, Subgradient
+from .. import flag, nodes
+from ..errors import RuleError
+from ..observe import counters
+from ..rules.kinds import NanSafe, Subgradient
+from . import levels
 
 if TYPE_CHECKING:
-    from .instance import GroupInstance
+    from ..groups.instance import GroupInstance
 
 Grads = list[torch.Tensor | None]
 

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import expr, nodes
-from .errors import ExpressionError, RuleError
+from .. import nodes
+from ..errors import ExpressionError, RuleError
+from . import expr
 
 #: A ``when``/``grad``: an expression string, a number, or a callable over saved values and ``grad``.
 Value = str | int | float | bool | Callable[..., Any]

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .errors import GroupError
+from ..errors import GroupError
+from ..sites.levels import graph_roots
+from ..sites.override import run_override
 from .instance import GroupInstance, close_instance, open_instance, pop_instance, tensors_of
-from .levels import graph_roots
-from .override import run_override
 
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()

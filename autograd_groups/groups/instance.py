@@ -18,12 +18,15 @@ from typing import Any
 
 import torch
 
-from . import anomaly, counters, flag, nodes, registry, saved, subgraph, tracer
+from .. import flag, nodes
+from ..errors import GroupError
+from ..observe import anomaly, counters, subgraph, tracer
+from ..rules import registry
+from ..rules.kinds import NanSafe, Subgradient
+from ..rules.registry import RuleSet
+from ..sites import saved
+from ..sites.hooks import SiteHook
 from .claims import CLAIM, Claim
-from .dispatch import SiteHook
-from .errors import GroupError
-from .registry import RuleSet
-from .rules import NanSafe, Subgradient
 
 _local = threading.local()
 # torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import nodes
-from .errors import NonFiniteError
+from .. import nodes
+from ..errors import NonFiniteError
 
 if TYPE_CHECKING:
-    from .instance import GroupInstance
+    from ..groups.instance import GroupInstance
 
 _lock = threading.Lock()
 _depth = 0
@@ -97,7 +97,7 @@ def watch(instance: GroupInstance, members: Iterable[Any]) -> None:
     """Hook a check onto every member of ``instance`` when it is an outermost instance (its close
     comes after every rule hook of its members was installed) or an override group (whose subgraph
     no enclosing instance walks)."""
-    from .claims import CLAIM
+    from ..groups.claims import CLAIM
 
     if instance.parent is not None and instance.rules.override is None:
         return

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import ExpressionError
+from ..errors import ExpressionError
 
 MAX_LENGTH = 2_000
 MAX_DEPTH = 40

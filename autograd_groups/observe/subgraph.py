@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..groups.claims import CLAIM, OUTSIDE
 from . import tracer
-from .claims import CLAIM, OUTSIDE
 
 if TYPE_CHECKING:
-    from .instance import GroupInstance
+    from ..groups.instance import GroupInstance
 
 
 def trace_members(instance: GroupInstance, members: list[Any], boundary: list[Any],

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
-from . import counters, flag
-from .errors import RuleError
-from .instance import GroupInstance, close_instance, open_instances, pop_instance, tensors_of
-from .rules import Override, OverrideContext
+from .. import flag
+from ..errors import RuleError
+from ..groups.instance import GroupInstance, close_instance, open_instances, pop_instance, tensors_of
+from ..observe import counters
+from ..rules.kinds import Override, OverrideContext
 
 
 class _Run:

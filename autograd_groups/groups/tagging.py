@@ -7,10 +7,12 @@ from typing import Any
 
 import torch
 
-from . import anomaly, counters, flag, registry, subgraph, tracer
+from .. import flag
+from ..observe import anomaly, counters, subgraph, tracer
+from ..rules import registry
+from ..sites.levels import graph_roots
 from .claims import CLAIM
 from .instance import GroupInstance, caller, install_rules, open_instances
-from .levels import graph_roots
 
 
 def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from . import nodes
+from .. import nodes
 
 if TYPE_CHECKING:
-    from .instance import GroupInstance
+    from ..groups.instance import GroupInstance
 
 
 def describe(node: Any) -> dict[str, Any]:
@@ -74,19 +74,19 @@ class Trace:
 
     def to_dot(self) -> str:
         """Graphviz DOT text: each group a cluster, repeated instances folded into one ``×N``."""
-        from .viz import draw, to_dot
+        from ..viz import draw, to_dot
 
         return to_dot(draw(self.instances))
 
     def to_mermaid(self) -> str:
         """The same drawing as a Mermaid flowchart (renders on GitHub and in Markdown)."""
-        from .viz import draw, to_mermaid
+        from ..viz import draw, to_mermaid
 
         return to_mermaid(draw(self.instances))
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Save the instances and their graphs to ``path`` as JSON (``"schema": 1``)."""
-        from .viz import save
+        from ..viz import save
 
         save(self.instances, path)
 
@@ -95,7 +95,7 @@ class Trace:
         """A trace saved by :meth:`save`; its instances are ``viz.InstanceRecord`` objects with the
         same fields as a ``GroupInstance`` (name, id, parent, where, enabled, graph, inputs,
         outputs, hits) but no rules."""
-        from .viz import load
+        from ..viz import load
 
         trace = cls()
         trace.instances = cast("list[GroupInstance]", load(path))
@@ -103,7 +103,7 @@ class Trace:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Jupyter display: SVG and PNG when Graphviz is installed, else Mermaid text."""
-        from .viz import mimebundle
+        from ..viz import mimebundle
 
         return mimebundle(self.instances)
 

@@ -7,9 +7,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from . import nodes
-from .errors import RuleError
-from .rules import NanSafe, Override, Rule, Subgradient
+from .. import nodes
+from ..errors import RuleError
+from .kinds import NanSafe, Override, Rule, Subgradient
 
 
 @dataclass(frozen=True)

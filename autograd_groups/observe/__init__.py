@@ -1,0 +1,2 @@
+"""Observe: trace sessions and their networkx subgraphs, per-group counters, and group-level
+anomaly detection."""
