@@ -16,8 +16,8 @@ from .groups.tagging import tag
 from .observe.anomaly import detect_nonfinite
 from .observe.counters import reset_stats, stats
 from .observe.tracer import Trace, trace
-from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient, special_case
-from .rules.registry import list_rules, register_rule, registry_scope, unregister_rule
+from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient
+from .rules.registry import list_rules, register_rule, registry_scope, special_case, unregister_rule
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
 
 __all__ = [

@@ -187,7 +187,7 @@ def test_torch_func_over_an_override_group_raises_a_clear_error() -> None:
                       torch.func.vmap(safe_norm)):
         with pytest.raises(ag.RuleError, match=r"group 'rel_norm' .* torch\.func transforms"):
             transform(x)
-    assert ag.groups.instance.open_instances() == []
+    assert ag.groups.lifecycle.open_instances() == []
 
 
 def test_torch_func_reverse_over_reverse_through_a_subgradient_equals_reference() -> None:
@@ -403,7 +403,7 @@ def test_inference_tensors_inside_a_group_fail_as_in_plain_pytorch() -> None:
         uses_inference_tensor(x)
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         ag.autograd_group("rel_cdist")(uses_inference_tensor)(x)
-    assert ag.groups.instance.open_instances() == []
+    assert ag.groups.lifecycle.open_instances() == []
 
 
 def test_inputs_that_do_not_require_grad() -> None:
@@ -491,7 +491,7 @@ def test_complex_inputs() -> None:
         euclidean_cdist(z, z)
     with pytest.raises(RuntimeError, match="not supported for complex"):
         cdist(z, z)
-    assert ag.groups.instance.open_instances() == []
+    assert ag.groups.lifecycle.open_instances() == []
 
 
 # -- anomaly mode -----------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_grouping_compiled_code() -> None:
         torch.compile(lambda t: ag.tag(t.pow(2).sum(-1).sqrt(), "rel_compiled"), backend="aot_eager")(x)
     with pytest.raises(ag.GroupError, match=refused):
         ag.autograd_group("rel_compiled")(compiled_norm)(x)
-    assert ag.groups.instance.open_instances() == []
+    assert ag.groups.lifecycle.open_instances() == []
     with ag.autograd_group("rel_compiled"):
         out = compiled_norm(x)
     (grad,) = torch.autograd.grad(out.sum(), x)

@@ -1,5 +1,5 @@
 """``autograd_group``: mark a region of the forward computation as a group, as a decorator or as
-a context manager. The instance lifecycle itself lives in :mod:`autograd_groups.instance`."""
+a context manager. The instance lifecycle itself lives in :mod:`autograd_groups.groups.lifecycle`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from torch.overrides import TorchFunctionMode
 from ..errors import GroupError
 from ..sites.levels import graph_roots
 from ..sites.override import run_override
-from .instance import GroupInstance, close_instance, open_instance, pop_instance, tensors_of
+from .instance import GroupInstance
+from .lifecycle import close_instance, open_instance, pop_instance, tensors_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()

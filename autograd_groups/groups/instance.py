@@ -1,36 +1,27 @@
-"""Group instances: open one at forward time, find the autograd nodes it created, hook its rules.
+"""A group instance: one entry into a group, with the decisions taken when it was created.
 
-An instance opens when the decorated function is called (or the ``with`` block entered) and closes
-when it returns. At close, the nodes it created are found by walking back from its outputs through
-``next_functions``; the walk stops at leaves, at the function's inputs and at any node older than
-the instance (autograd numbers nodes in creation order). Each node whose op has a rule gets a
-post-hook (:class:`~autograd_groups.dispatch.SiteHook`); nothing else is touched.
-
-Whether special cases are on is decided here, at forward time, and kept on the instance. With
-special cases off and no trace session open, a group does nothing at all.
+Its life -- opened at forward time, closed when the group returns, its rule sites hooked -- is in
+:mod:`autograd_groups.groups.lifecycle`.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from .. import flag, nodes
-from ..errors import GroupError
-from ..observe import anomaly, counters, subgraph, tracer
-from ..rules import registry
-from ..rules.kinds import NanSafe, Subgradient
+from ..observe import counters
 from ..rules.registry import RuleSet
-from ..sites import saved
-from ..sites.hooks import SiteHook
-from .claims import CLAIM, Claim
 
-_local = threading.local()
-# torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.
-_DYNAMO = "torch._dynamo"
+
+class Session(Protocol):
+    """What an instance needs of the trace session recording it
+    (:class:`~autograd_groups.observe.tracer.Trace`)."""
+
+    def new_id(self, name: str) -> str: ...
+    def add(self, instance: GroupInstance) -> None: ...
+    def remove(self, instance: GroupInstance) -> None: ...
+    def leaf_vertex(self, node: Any) -> str: ...
 
 
 class GroupInstance:
@@ -42,7 +33,7 @@ class GroupInstance:
     """
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
-                 session: tracer.Trace | None, where: tuple[str, int]) -> None:
+                 session: Session | None, where: tuple[str, int]) -> None:
         self.name = name
         self.rules = rules
         self.enabled = enabled
@@ -85,129 +76,3 @@ class GroupInstance:
         if vertex is not None and vertex in self.graph:
             site = self.graph.nodes[vertex]["hits"]
             site[label] = site.get(label, 0) + elements
-
-
-def open_instances() -> list[GroupInstance]:
-    stack: list[GroupInstance] | None = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
-
-
-def caller(depth: int) -> tuple[str, int]:
-    frame = sys._getframe(depth)
-    return frame.f_code.co_filename, frame.f_lineno
-
-
-def open_instance(name: str, depth: int) -> GroupInstance | None:
-    enabled = flag.current_state().for_group(name)
-    session = tracer.active()
-    counters.count_instance(name, enabled)
-    rules = registry.ruleset(name) if enabled else registry.EMPTY
-    if not rules and session is None and not anomaly.active():
-        return None
-    stack = open_instances()
-    parent = stack[-1] if stack else None
-    instance = GroupInstance(name, rules, enabled, parent, session, caller(depth + 1))
-    if parent is not None:
-        parent.nested = True
-    stack.append(instance)
-    # Popped by pop_instance: the saved-tensor hooks nest like the groups.
-    instance.hooks_pushed = rules.reads_saved and saved.push()
-    return instance
-
-
-def pop_instance(instance: GroupInstance) -> None:
-    stack = open_instances()
-    if not stack or stack[-1] is not instance:
-        raise GroupError(f"group {instance.name!r} (created at {instance.where}) was closed out of "
-                         f"order: groups must nest like `with` blocks")
-    stack.pop()
-    if instance.hooks_pushed:
-        saved.pop()
-
-
-def tensors_of(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    if isinstance(value, dict):
-        return [v for v in value.values() if isinstance(v, torch.Tensor)]
-    return []
-
-
-def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, str]) -> None:
-    """Find the instance's nodes from its output nodes ``roots``; install rules; trace."""
-    pop_instance(instance)
-    traced = instance.graph is not None
-    members: list[Any] = []
-    boundary: list[Any] = []
-    edges: list[tuple[Any, Any]] = []
-    seen: set[int] = set()
-    start = instance._start
-    stack = list(reversed(roots))
-    while stack:
-        node = stack.pop()
-        key = id(node)
-        if key in seen:
-            continue
-        seen.add(key)
-        if type(node) is nodes.ACCUMULATE_GRAD or key in named or node._sequence_nr() < start:
-            boundary.append(node)
-            continue
-        members.append(node)
-        for child, _ in reversed(node.next_functions):
-            if child is not None:
-                stack.append(child)
-                if traced:
-                    edges.append((node, child))
-    vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
-    install_rules(instance, members, vertices)
-    if instance.session is not None:
-        instance.session.add(instance)
-
-
-def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[int, str],
-             tagged: bool = False) -> None:
-    """Hook the instance's rules onto its members; innermost groups win on the same op."""
-    rules = instance.rules
-    if rules and _DYNAMO in sys.modules:
-        _refuse_compiled(instance, members)
-    traced = instance.graph is not None
-    read = instance.nested or traced or tagged
-    write = read or instance.parent is not None
-    for node in members:
-        subgradients = rules.at(node)
-        nan_safe = rules.nan_safe
-        claim = node.metadata.get(CLAIM) if read else None
-        if claim is not None:
-            subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
-            nan_safe = None if claim.nan_safe else nan_safe
-        vertex = vertices.get(id(node))
-        if subgradients or nan_safe is not None:
-            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex))
-            if traced:
-                sites: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
-                instance.graph.nodes[vertex]["rules"].extend(
-                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites)
-        elif not write:
-            continue
-        if claim is None:
-            claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
-        claim.ruled.update(r.op_key for r in subgradients)
-        claim.nan_safe = claim.nan_safe or nan_safe is not None
-    if anomaly.active():
-        anomaly.watch(instance, members)
-
-
-def _refuse_compiled(instance: GroupInstance, members: list[Any]) -> None:
-    """Raise if a member is a torch.compile'd graph: its ops are out of the rules' reach."""
-    if any(type(node).__name__ == "CompiledFunctionBackward" for node in members):
-        labels = ", ".join(r.label for r in instance.rules.rules)
-        raise GroupError(
-            f"group {instance.name!r} (created at {instance.where}) contains a torch.compile'd graph "
-            f"(a CompiledFunctionBackward node): autograd cannot see the ops inside it, so the "
-            f"group's rules ({labels}) cannot be applied there. Call the @autograd_group function "
-            f"from compiled code (it runs eagerly, as a graph break) rather than grouping or tagging "
-            f"compiled code, or wrap the grouped code in torch.compiler.disable")

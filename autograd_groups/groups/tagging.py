@@ -12,7 +12,8 @@ from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
 from ..sites.levels import graph_roots
 from .claims import CLAIM
-from .instance import GroupInstance, caller, install_rules, open_instances
+from .instance import GroupInstance
+from .lifecycle import caller, install_rules, open_instances
 
 
 def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:

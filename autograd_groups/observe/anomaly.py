@@ -17,15 +17,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import nodes
 from ..errors import NonFiniteError
-
-if TYPE_CHECKING:
-    from ..groups.instance import GroupInstance
+from ..groups.claims import CLAIM
+from ..groups.instance import GroupInstance
 
 _lock = threading.Lock()
 _depth = 0
@@ -97,8 +96,6 @@ def watch(instance: GroupInstance, members: Iterable[Any]) -> None:
     """Hook a check onto every member of ``instance`` when it is an outermost instance (its close
     comes after every rule hook of its members was installed) or an override group (whose subgraph
     no enclosing instance walks)."""
-    from ..groups.claims import CLAIM
-
     if instance.parent is not None and instance.rules.override is None:
         return
     for node in members:

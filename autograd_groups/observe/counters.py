@@ -1,7 +1,7 @@
 """Process-wide counters: per group, how often it ran and how often its rules fired.
 
 Counting an element means a reduction over a rule's mask, so elements are counted only for traced
-instances (see :class:`~autograd_groups.dispatch.SiteHook`); calls and firings are always counted.
+instances (see :class:`~autograd_groups.sites.hooks.SiteHook`); calls and firings are always counted.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """The traced form of a group instance: its nodes and boundary as vertices of a networkx graph.
 
-Only called while a ``trace()`` session is open (see :mod:`autograd_groups.tracer`).
+Only called while a ``trace()`` session is open (see :mod:`autograd_groups.observe.tracer`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..groups.claims import CLAIM, OUTSIDE
+from ..groups.instance import GroupInstance
 from . import tracer
-
-if TYPE_CHECKING:
-    from ..groups.instance import GroupInstance
 
 
 def trace_members(instance: GroupInstance, members: list[Any], boundary: list[Any],

@@ -12,14 +12,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import torch
 
 from .. import nodes
-
-if TYPE_CHECKING:
-    from ..groups.instance import GroupInstance
+from ..groups.instance import GroupInstance
 
 
 def describe(node: Any) -> dict[str, Any]:

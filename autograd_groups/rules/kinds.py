@@ -47,7 +47,7 @@ def _source(value: Value) -> str:
 class Subgradient:
     """At every node of ``op`` inside the group, where ``when`` holds, the input gradient is ``grad``.
 
-    ``when`` and ``grad`` are expressions (see :mod:`autograd_groups.expr`) or callables whose
+    ``when`` and ``grad`` are expressions (see :mod:`autograd_groups.rules.expr`) or callables whose
     parameters are named after the op's saved values (``self``, ``other``, ``result``, ...) and
     ``grad`` (the gradient flowing into the op). ``input`` picks one input of the op by position
     (the order of ``next_functions``); by default every input gets ``grad``.
@@ -135,7 +135,7 @@ class Override:
 
     The group's own backward subgraph is then skipped; otherwise it runs as usual. ``backward``
     returns one gradient (or None) per tensor input of the group. Usually made with
-    :func:`special_case`.
+    :func:`~autograd_groups.rules.registry.special_case`.
 
     >>> import torch, autograd_groups as ag
     >>> rule = ag.Override(check=lambda ctx: bool((ctx.outputs[0] == 0).any()),
@@ -147,14 +147,12 @@ class Override:
     kind: ClassVar[str] = "override"
 
     def __init__(self, check: Callable[[OverrideContext], Any],
-                 backward: Callable[..., Any] | None = None, doc: str = "",
-                 group: str | None = None) -> None:
+                 backward: Callable[..., Any] | None = None, doc: str = "") -> None:
         if not callable(check):
             raise RuleError(f"an override's check must be callable, not {check!r}")
         self.check = check
         self.backward_fn = backward
         self.doc = doc or (inspect.getdoc(check) or "")
-        self._group = group
 
     @property
     def label(self) -> str:
@@ -162,38 +160,11 @@ class Override:
         return f"override({_source(self.check)})"
 
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: set the replacement backward and register the rule under its group."""
-        from .registry import register_rule
-
+        """Decorator: set the replacement backward."""
         if self.backward_fn is not None:
             raise RuleError(f"{self.label} already has a backward ({_source(self.backward_fn)})")
         self.backward_fn = fn
-        if self._group is not None:
-            register_rule(self._group, self)
         return fn
-
-
-def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Override]:
-    """Decorator that makes an override rule of ``group`` from its checker.
-
-    Attach the replacement backward with ``@checker.backward``; the rule is registered then.
-
-    >>> import torch, autograd_groups as ag
-    >>> with ag.registry_scope():
-    ...     @ag.special_case("safe_norm")
-    ...     def is_zero(ctx):
-    ...         return bool((ctx.outputs[0] == 0).any())
-    ...     @is_zero.backward
-    ...     def zero_grad(ctx, grad):
-    ...         return torch.zeros_like(ctx.inputs[0])
-    ...     [r.kind for r in ag.list_rules()["safe_norm"]]
-    ['override']
-    """
-
-    def make(check: Callable[[OverrideContext], Any]) -> Override:
-        return Override(check, group=group)
-
-    return make
 
 
 Rule = Subgradient | NanSafe | Override

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import nodes
 from ..errors import RuleError
-from .kinds import NanSafe, Override, Rule, Subgradient
+from .kinds import NanSafe, Override, OverrideContext, Rule, Subgradient
 
 
 @dataclass(frozen=True)
@@ -144,3 +145,40 @@ def registry_scope() -> Iterator[None]:
             _rules.clear()
             _rules.update(saved)
             _sets.clear()
+
+
+class _SpecialCase(Override):
+    """An override made by :func:`special_case`: registered under its group once it has a backward."""
+
+    def __init__(self, check: Callable[[OverrideContext], Any], group: str) -> None:
+        super().__init__(check)
+        self.group = group
+
+    def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: set the replacement backward and register the rule under its group."""
+        super().backward(fn)
+        register_rule(self.group, self)
+        return fn
+
+
+def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Override]:
+    """Decorator that makes an override rule of ``group`` from its checker.
+
+    Attach the replacement backward with ``@checker.backward``; the rule is registered then.
+
+    >>> import torch, autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     @ag.special_case("safe_norm")
+    ...     def is_zero(ctx):
+    ...         return bool((ctx.outputs[0] == 0).any())
+    ...     @is_zero.backward
+    ...     def zero_grad(ctx, grad):
+    ...         return torch.zeros_like(ctx.inputs[0])
+    ...     [r.kind for r in ag.list_rules()["safe_norm"]]
+    ['override']
+    """
+
+    def make(check: Callable[[OverrideContext], Any]) -> Override:
+        return _SpecialCase(check, group)
+
+    return make

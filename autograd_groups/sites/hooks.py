@@ -9,19 +9,17 @@ tensor is saved and no autograd node is added.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
 from ..errors import RuleError
+from ..groups.instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from . import levels
-
-if TYPE_CHECKING:
-    from ..groups.instance import GroupInstance
 
 Grads = list[torch.Tensor | None]
 

@@ -1,7 +1,7 @@
 """The shape of a spec: a list of groups, each with a signature, a doc and its special cases.
 
 Every problem is recorded with its position and checking goes on, so one run reports all of a
-file's errors. A rule is built (:class:`~autograd_groups.rules.Subgradient` ...) only from parts that
+file's errors. A rule is built (:class:`~autograd_groups.rules.kinds.Subgradient` ...) only from parts that
 passed their checks, so building it cannot fail on anything already reported.
 """
 
