@@ -11,13 +11,17 @@ every thread that runs a node of the pass, so it holds on the engine's device th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import torch
+
+from .observe import counters
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,10 +30,23 @@ _BACKWARD_KEY = "autograd_groups.special_cases.backward"
 
 @dataclass(frozen=True)
 class FlagState:
-    """The flag's value: a default plus per-group exceptions."""
+    """The flag's value: a default plus per-group exceptions.
+
+    ``key`` is the same value as a tuple of constants: what torch.compile guards on and passes into
+    a compiled graph (see :mod:`autograd_groups.groups.compiled`).
+    """
 
     default: bool = True
     groups: Mapping[str, bool] = field(default_factory=dict)
+    key: tuple[bool, tuple[tuple[str, bool], ...]] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.default, tuple(sorted(self.groups.items()))))
+
+    @classmethod
+    def from_key(cls, key: tuple[bool, tuple[tuple[str, bool], ...]]) -> FlagState:
+        """The state whose :attr:`key` is ``key``."""
+        return cls(key[0], dict(key[1]))
 
     def for_group(self, name: str) -> bool:
         """Whether special cases are on for group ``name``."""
@@ -58,17 +75,39 @@ def current_state() -> FlagState:
     return getattr(_local, "state", _ON)
 
 
-def in_backward_scope() -> bool:
-    """Whether the running backward pass was started inside ``special_cases(during="backward")``."""
-    return torch._C._is_key_in_tls(_BACKWARD_KEY)
+@contextlib.contextmanager
+def restored(state: FlagState) -> Iterator[None]:
+    """Run the block with this thread's forward-time state set to ``state``."""
+    previous = current_state()
+    _local.state = state
+    try:
+        yield
+    finally:
+        _local.state = previous
 
 
-def backward_state() -> FlagState | None:
-    """The backward-scoped state of the running backward pass, or None outside any."""
+def _scoped() -> FlagState | None:
+    """The state of the innermost ``special_cases(during="backward")`` around the running code."""
     if torch._C._is_key_in_tls(_BACKWARD_KEY):
-        state: FlagState | None = torch._C._get_obj_in_tls(_BACKWARD_KEY)
+        state: FlagState = torch._C._get_obj_in_tls(_BACKWARD_KEY)
         return state
     return None
+
+
+def backward_state() -> FlagState:
+    """The backward-scoped state a rule site obeys now: that of ``special_cases(during="backward")``
+    around the running backward pass; all on outside any.
+
+    Compiled autograd traces the backward with Dynamo in the thread that started it: there the
+    Python mirror of the scope is read, which Dynamo guards on. AOTAutograd traces a compiled
+    backward once, to run under any scope later: there all is on (see :class:`special_cases`).
+    """
+    if torch.compiler.is_dynamo_compiling():
+        mirrored: FlagState = getattr(_local, "backward", _ON)
+        return mirrored
+    if torch.compiler.is_compiling():
+        return _ON
+    return _scoped() or _ON
 
 
 def is_special_cases_enabled(group: str | None = None) -> bool:
@@ -100,7 +139,8 @@ class special_cases:
     ``during="forward"`` (default): group instances created inside the block record the setting
     and their backward obeys it wherever it runs. ``during="backward"``: backward passes started
     inside the block obey it, whatever the setting was at forward time; this can only turn off
-    rules that a group installed at forward, never install new ones.
+    rules that a group installed at forward, never install new ones, and cannot reach the rules
+    that torch.compile fused into a compiled backward (entering it warns when such groups exist).
 
     >>> import torch, autograd_groups as ag
     >>> with ag.special_cases(False, groups=["cdist"]):
@@ -122,19 +162,24 @@ class special_cases:
             self._saved.append(current_state())
             set_special_cases(self.enabled, self.groups)
         else:
-            previous = backward_state()
+            previous = _scoped()
             self._saved.append(previous)
-            torch._C._stash_obj_in_tls(
-                _BACKWARD_KEY, (previous or _ON).with_setting(self.enabled, self.groups))
+            state = (previous or _ON).with_setting(self.enabled, self.groups)
+            torch._C._stash_obj_in_tls(_BACKWARD_KEY, state)
+            _local.backward = state
+            _warn_compiled(state)
 
     def __exit__(self, *exc: object) -> None:
         previous = self._saved.pop()
         if self.during == "forward":
             _local.state = previous
-        elif previous is None:
+            return
+        if previous is None:
             torch._C._remove_obj_from_tls(_BACKWARD_KEY)
+            del _local.backward
         else:
             torch._C._stash_obj_in_tls(_BACKWARD_KEY, previous)
+            _local.backward = previous
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
@@ -143,3 +188,15 @@ class special_cases:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _warn_compiled(state: FlagState) -> None:
+    """Say which groups this backward-scoped ``state`` turns off in vain: those torch.compile fused
+    into a compiled backward, whose rules follow the flag at their compiled call."""
+    fused = [name for name in counters.compiled_groups() if not state.for_group(name)]
+    if fused:
+        warnings.warn(
+            f"special_cases(..., during='backward') cannot turn off the rules of "
+            f"{', '.join(map(repr, fused))} inside torch.compile'd backward graphs: there they follow "
+            f"the flag at the compiled call. Set it around the forward instead, "
+            f"with ag.special_cases(False, groups=[...]) (see docs/compile.md)", stacklevel=3)

@@ -95,9 +95,9 @@ def node_op(node: object) -> str:
     return op_name_of_class(type(node).__name__)
 
 
-def is_pointwise_node(node: object) -> bool:
-    """Whether the node's op is elementwise (ATen's ``pointwise`` tag)."""
-    info = catalogue().get(_class_key(type(node)))
+def is_pointwise_class(node_class: type) -> bool:
+    """Whether the op of an autograd node class is elementwise (ATen's ``pointwise`` tag)."""
+    info = catalogue().get(_class_key(node_class))
     return info is not None and info.pointwise
 
 

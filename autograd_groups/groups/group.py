@@ -6,18 +6,20 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import flag
 from ..errors import GroupError
+from ..rules import registry
 from ..sites.levels import graph_roots
 from ..sites.override import run_override
+from . import compiled
 from .instance import GroupInstance
-from .lifecycle import close_instance, open_instance, pop_instance, tensors_of
+from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()
@@ -58,19 +60,59 @@ def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...], kw
 
 
 class _Recorder(TorchFunctionMode):
-    """Collects the autograd nodes of every torch call made inside a ``with`` group."""
+    """Collects what every torch call inside a ``with`` group made: its autograd nodes, or, while
+    Dynamo traces the block, its output tensors (the nodes exist only when AOTAutograd runs it)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.roots: list[Any] = []
+        self.outputs: list[torch.Tensor] = []
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if torch.compiler.is_compiling():
-            # Traced, the op would join a compiled graph that no rule can reach: run it eagerly.
-            func = torch.compiler.disable(func)
         out = func(*args, **(kwargs or {}))
-        self.roots.extend(graph_roots(tensors_of(out)))
+        if torch.compiler.is_dynamo_compiling():
+            self.outputs.extend(tensors_of(out))
+        else:
+            self.roots.extend(graph_roots(tensors_of(out)))
         return out
+
+
+def _open_in_graph(flag_key: tuple[Any, ...], generation: int, watched: bool,
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """A ``with`` group's entry as a compiled graph traces it (see compiled.py); the int is there
+    because such a call must return something."""
+    (name,) = args
+    with flag.restored(flag.FlagState.from_key(flag_key)):
+        instance = open_instance(name, flag.current_state().for_group(name), COMPILED)
+    if instance is not None and instance.rules.override is not None:
+        pop_instance(instance)
+        raise _with_override(instance)
+    _compiled_withs().append(instance)
+    return 0
+
+
+def _close_in_graph(flag_key: tuple[Any, ...], generation: int, watched: bool,
+                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """A ``with`` group's exit as a compiled graph traces it: ``args`` are the block's outputs."""
+    instance = _compiled_withs().pop()
+    if instance is not None:
+        close_instance(instance, list(reversed(graph_roots(list(args)))), {})
+    return 0
+
+
+def _compiled_withs() -> list[GroupInstance | None]:
+    """The ``with`` groups open in the compiled graph this thread is tracing, innermost last."""
+    found: list[GroupInstance | None] | None = getattr(_local, "compiled_withs", None)
+    if found is None:
+        found = _local.compiled_withs = []
+    return found
+
+
+def _with_override(instance: GroupInstance) -> GroupError:
+    return GroupError(
+        f"group {instance.name!r} has an override rule ({instance.rules.override.label}), which "  # type: ignore[union-attr]
+        f"needs the group's inputs and outputs: use @autograd_group({instance.name!r}) on a "
+        f"function instead of a `with` block (at {instance.where})")
 
 
 class autograd_group:
@@ -96,6 +138,8 @@ class autograd_group:
         if not isinstance(name, str) or not name:
             raise GroupError(f"a group name must be a non-empty string, not {name!r}")
         self.name = name
+        # The recorders of this block while Dynamo traces it (None under a strict torch.export).
+        self._traced: list[_Recorder | None] = []
 
     def __call__(self, fn: F) -> F:
         name = self.name
@@ -103,16 +147,11 @@ class autograd_group:
             signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
             signature = None
+        code = getattr(fn, "__code__", None)
+        defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
-        @functools.wraps(fn)
-        def grouped(*args: Any, **kwargs: Any) -> Any:
-            if torch.compiler.is_compiling():
-                if torch.compiler.is_exporting() or not torch.is_grad_enabled():
-                    return fn(*args, **kwargs)  # no autograd graph for rules: trace through
-                # Traced by torch.compile, the group's ops would become one compiled node that no
-                # rule can reach; run eagerly instead (a graph break), keeping the real nodes.
-                return torch.compiler.disable(this())(*args, **kwargs)
-            instance = open_instance(name, 2)
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int]) -> Any:
+            instance = open_instance(name, enabled, where)
             if instance is None:
                 return fn(*args, **kwargs)
             if instance.rules.override is not None:
@@ -127,28 +166,69 @@ class autograd_group:
             close_instance(instance, graph_roots(tensors_of(out)), named)
             return out
 
-        this = weakref.ref(grouped)  # not the function itself: that would be a reference cycle
+        def in_graph(flag_key: tuple[Any, ...], generation: int, watched: bool,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            # The call as torch.compile traces it (see compiled.py): ``generation`` and ``watched``
+            # are there for Dynamo to guard on; the flag is the one Dynamo saw at the call.
+            with flag.restored(flag.FlagState.from_key(flag_key)):
+                return run(args, kwargs, flag.current_state().for_group(name), defined)
+
+        # What a compiled graph calls, as a graph break, when it cannot trace the group's rules.
+        # torch._disable_dynamo imports Dynamo only when first called, not at decoration.
+        @torch._disable_dynamo
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            return run(args, kwargs, flag.current_state().for_group(name), defined)
+
+        @functools.wraps(fn)
+        def grouped(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_dynamo_compiling():
+                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
+            return run(args, kwargs, flag.current_state().for_group(name), caller(2))
+
+        def prepare_scriptable() -> Callable[..., Any]:
+            # torch.jit.script calls this on each function it compiles: TorchScript would compile
+            # the plain ops and lose the rules, silently.
+            if flag.current_state().for_group(name) and registry.has_rules(name):
+                raise GroupError(lost_rules(name, "TorchScript (torch.jit.script)"))
+            return fn
+
         grouped.__autograd_group__ = name  # type: ignore[attr-defined]
+        grouped.__prepare_scriptable__ = prepare_scriptable  # type: ignore[attr-defined]
         return grouped  # type: ignore[return-value]
 
     def __enter__(self) -> GroupInstance | None:
+        if torch.compiler.is_dynamo_compiling():
+            # The instance opens when AOTAutograd runs the graph; there is none to return here.
+            if torch.compiler.is_exporting():
+                compiled.refuse_export(self.name, flag.current_state().for_group(self.name))
+                self._traced.append(None)
+                return None
+            compiled.enter(_open_in_graph, (self.name,), {})
+            recorder = _Recorder()
+            recorder.__enter__()
+            self._traced.append(recorder)
+            return None
         entries = _entries()
-        instance = open_instance(self.name, 2)
+        instance = open_instance(self.name, flag.current_state().for_group(self.name), caller(2))
         if instance is None:
             entries.append((self, None))
             return None
         if instance.rules.override is not None:
             pop_instance(instance)
-            raise GroupError(
-                f"group {self.name!r} has an override rule ({instance.rules.override.label}), which "
-                f"needs the group's inputs and outputs: use @autograd_group({self.name!r}) on a "
-                f"function instead of a `with` block (at {instance.where})")
+            raise _with_override(instance)
         recorder = _Recorder()
         recorder.__enter__()
         entries.append((self, (instance, recorder)))
         return instance
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if torch.compiler.is_dynamo_compiling():
+            recorder = self._traced.pop()
+            if recorder is None:
+                return
+            recorder.__exit__(exc_type, *exc)
+            compiled.enter(_close_in_graph, tuple(recorder.outputs), {})
+            return
         entries = _entries()
         if not entries or entries[-1][0] is not self:
             raise GroupError(f"group {self.name!r} was closed out of order: groups must nest like "

@@ -27,14 +27,16 @@ class Session(Protocol):
 class GroupInstance:
     """One entry into a group: its rules, its place in the nesting, and (when traced) its graph.
 
-    ``graph`` is a ``networkx.DiGraph`` when a ``trace()`` session was open, else None.
+    ``graph`` is a ``networkx.DiGraph`` when a ``trace()`` session was open, else None; ``watched``
+    says whether ``detect_nonfinite()`` was active.
     ``inputs`` and ``outputs`` are vertex ids of ``graph``; ``hits`` maps rule labels to the number
     of elements each rule changed in this instance (counted while traced).
     """
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
-                 session: Session | None, where: tuple[str, int]) -> None:
+                 session: Session | None, where: tuple[str, int], watched: bool) -> None:
         self.name = name
+        self.watched = watched
         self.rules = rules
         self.enabled = enabled
         self.parent = parent
@@ -57,8 +59,9 @@ class GroupInstance:
 
     @property
     def where(self) -> str:
-        """``file:line`` of the forward code that created the instance."""
-        return f"{self._where[0]}:{self._where[1]}"
+        """``file:line`` of the forward code that created the instance (just the first part where
+        the line is unknown, as in torch.compile'd code)."""
+        return f"{self._where[0]}:{self._where[1]}" if self._where[1] else self._where[0]
 
     def __repr__(self) -> str:
         return f"<GroupInstance {self.id} at {self.where}>"

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from typing import Any
 
 import torch
 
-from .. import flag, nodes
+from .. import nodes
 from ..errors import GroupError
 from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
@@ -30,6 +31,9 @@ from .claims import CLAIM, Claim
 from .instance import GroupInstance
 
 _local = threading.local()
+_told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
+#: Where an instance made in compiled code was created: Dynamo cannot read the caller's frame.
+COMPILED = ("torch.compile'd code", 0)
 # torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.
 _DYNAMO = "torch._dynamo"
 
@@ -46,16 +50,63 @@ def caller(depth: int) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-def open_instance(name: str, depth: int) -> GroupInstance | None:
-    enabled = flag.current_state().for_group(name)
-    session = tracer.active()
+def observers(name: str, enabled: bool) -> tuple[tracer.Trace | None, bool]:
+    """Count a new instance of ``name``; the trace session that records it and whether
+    ``detect_nonfinite()`` watches it.
+
+    While torch.compile traces the group (on fake tensors, once per compilation), nobody can watch
+    it: the instance is counted as compiled, and an open trace session or anomaly check is told so.
+    """
+    if torch.compiler.is_compiling():
+        counters.count_compiled(name)
+        if (tracer.active() is not None or anomaly.active()) and ("compile", name) not in _told:
+            _told.add(("compile", name))
+            warnings.warn(
+                f"group {name!r} runs inside a torch.compile'd graph: its rules are fused into the "
+                f"compiled backward, where trace() and detect_nonfinite() cannot see them and "
+                f"stats() does not count their calls. To inspect the group, run the model eagerly "
+                f"(or the group's caller under torch.compiler.disable); see docs/compile.md",
+                stacklevel=2)
+        return None, False
     counters.count_instance(name, enabled)
+    return tracer.active(), anomaly.active()
+
+
+def recorded_without_rules(name: str, enabled: bool) -> bool:
+    """Whether a tracer that keeps ops but no hooks -- ``torch.export``, ``torch.jit.trace`` -- is
+    recording this call of group ``name``: its rules would be lost, so it runs as plain ops, and the
+    first time (per group) a warning says so."""
+    tracer_name = ("torch.export" if torch.compiler.is_exporting()
+                   else "torch.jit.trace" if torch.jit.is_tracing() else None)
+    if tracer_name is None:
+        return False
+    if enabled and registry.ruleset(name) and (tracer_name, name) not in _told:
+        _told.add((tracer_name, name))
+        warnings.warn(lost_rules(name, tracer_name), stacklevel=4)
+    return True
+
+
+def lost_rules(name: str, tracer_name: str) -> str:
+    """What to tell a user whose ``tracer_name`` records group ``name`` without its rules."""
+    return (f"group {name!r} has special-case rules that {tracer_name} cannot carry: what it records "
+            f"has the group's plain ops, so gradients taken through it are the plain composite's "
+            f"(NaN at the special points). Differentiate the eager or torch.compile'd model instead, "
+            f"or record with the group's special cases off to say you know: "
+            f"`with ag.special_cases(False, groups=[{name!r}]):` (see docs/compile.md)")
+
+
+def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInstance | None:
+    """Open an instance of group ``name`` with special cases ``enabled`` (read from the flag by the
+    caller), created by the code at ``where``; None when it has nothing to do."""
+    if recorded_without_rules(name, enabled):
+        return None
+    session, watched = observers(name, enabled)
     rules = registry.ruleset(name) if enabled else registry.EMPTY
-    if not rules and session is None and not anomaly.active():
+    if not rules and session is None and not watched:
         return None
     stack = open_instances()
     parent = stack[-1] if stack else None
-    instance = GroupInstance(name, rules, enabled, parent, session, caller(depth + 1))
+    instance = GroupInstance(name, rules, enabled, parent, session, where, watched)
     if parent is not None:
         parent.nested = True
     stack.append(instance)
@@ -133,7 +184,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             nan_safe = None if claim.nan_safe else nan_safe
         vertex = vertices.get(id(node))
         if subgradients or nan_safe is not None:
-            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex))
+            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))
             if traced:
                 sites: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
                 instance.graph.nodes[vertex]["rules"].extend(
@@ -144,7 +195,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
         claim.ruled.update(r.op_key for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
-    if anomaly.active():
+    if instance.watched:
         anomaly.watch(instance, members)
 
 

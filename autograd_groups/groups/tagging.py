@@ -11,9 +11,10 @@ from .. import flag
 from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
 from ..sites.levels import graph_roots
+from . import compiled
 from .claims import CLAIM
 from .instance import GroupInstance
-from .lifecycle import caller, install_rules, open_instances
+from .lifecycle import COMPILED, caller, install_rules, observers, open_instances
 
 
 def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -29,19 +30,34 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     >>> y is ag.tag(y, "g")
     True
     """
+    if torch.compiler.is_dynamo_compiling():
+        if torch.compiler.is_exporting():
+            compiled.refuse_export(name, flag.current_state().for_group(name))
+            return tensor
+        out: torch.Tensor = compiled.enter(_tag_in_graph, (tensor, name), {})
+        return out
+    return _tag(tensor, name, caller(2))
+
+
+def _tag(tensor: torch.Tensor, name: str, where: tuple[str, int]) -> torch.Tensor:
     enabled = flag.current_state().for_group(name)
-    session = tracer.active()
-    if not enabled and session is None and not anomaly.active():
+    if not enabled and tracer.active() is None and not anomaly.active():
         return tensor
-    where = caller(2)
     # Under torch.func each grad transform level has its own node for the op, and its own chains.
     for node in graph_roots([tensor]):
-        _tag_node(node, name, enabled, session, where)
+        _tag_node(node, name, enabled, where)
     return tensor
 
 
-def _tag_node(node: Any, name: str, enabled: bool, session: tracer.Trace | None,
-              where: tuple[str, int]) -> None:
+def _tag_in_graph(flag_key: tuple[Any, ...], generation: int, watched: bool,
+                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    """``tag`` as a compiled graph traces it (see compiled.py)."""
+    tensor, name = args
+    with flag.restored(flag.FlagState.from_key(flag_key)):
+        return _tag(tensor, name, COMPILED)
+
+
+def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> None:
     claim = node.metadata.get(CLAIM)
     if claim is not None and claim.tagged and claim.owner.name == name:
         return
@@ -57,10 +73,10 @@ def _tag_node(node: Any, name: str, enabled: bool, session: tracer.Trace | None,
         for other in owners[1:]:
             merge(instance, other)
     else:
-        counters.count_instance(name, enabled)
+        session, watched = observers(name, enabled)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
-        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where)
+        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched)
         if session is not None:
             session.add(instance)
     vertices = trace_tagged(instance, node) if instance.graph is not None else {}

@@ -29,6 +29,9 @@ class _GroupCounter:
 
 _lock = threading.Lock()
 _groups: dict[str, _GroupCounter] = {}
+# Groups that ran inside compiled code. A plain set, no lock: adding to it is atomic, and it is
+# also done from a hook that compiled autograd traces with Dynamo, which cannot enter a lock.
+_compiled: set[str] = set()
 
 
 def _group(name: str) -> _GroupCounter:
@@ -44,6 +47,17 @@ def count_instance(name: str, enabled: bool, delta: int = 1) -> None:
         counter = _group(name)
         counter.instances += delta
         counter.instances_off += 0 if enabled else delta
+
+
+def count_compiled(name: str) -> None:
+    """A compiler traced an instance or a rule site of ``name`` into a compiled graph, where nothing
+    is counted."""
+    _compiled.add(name)
+
+
+def compiled_groups() -> list[str]:
+    """The groups torch.compile has traced into a compiled graph."""
+    return sorted(_compiled)
 
 
 def count_backward(name: str) -> None:
@@ -64,29 +78,32 @@ def count_rule(name: str, label: str, kind: str, elements: int = 0, fired: bool 
 
 
 def stats() -> dict[str, dict[str, Any]]:
-    """Per group: instances, instances created with special cases off, backward passes, and per rule
-    its kind, calls, firings (override) and elements changed (subgradient, nan_safe; counted while
-    traced).
+    """Per group: instances, instances created with special cases off, backward passes, whether it
+    ran inside torch.compile'd code (``compiled``: its instances, passes and rule calls there are not
+    counted), and per rule its kind, calls, firings (override) and elements changed (subgradient,
+    nan_safe; counted while traced).
 
     >>> import autograd_groups as ag
     >>> ag.reset_stats(); ag.stats()
     {}
     """
     with _lock:
-        snapshot = {name: (g.instances, g.instances_off, g.backward_passes,
+        names = [*_groups, *sorted(_compiled - set(_groups))]
+        snapshot = {name: (g.instances, g.instances_off, g.backward_passes, name in _compiled,
                            {label: (r.kind, r.calls, r.firings, r.elements)
                             for label, r in g.rules.items()})
-                    for name, g in _groups.items()}
+                    for name, g in ((n, _groups.get(n, _GroupCounter())) for n in names)}
     return {
         name: {
             "instances": instances,
             "instances_off": off,
             "backward_passes": passes,
+            "compiled": compiled,
             "rules": {label: {"kind": kind, "calls": calls, "firings": firings,
                               "elements": elements}
                       for label, (kind, calls, firings, elements) in rules.items()},
         }
-        for name, (instances, off, passes, rules) in snapshot.items()
+        for name, (instances, off, passes, compiled, rules) in snapshot.items()
     }
 
 
@@ -94,3 +111,4 @@ def reset_stats() -> None:
     """Forget all counts."""
     with _lock:
         _groups.clear()
+        _compiled.clear()

@@ -16,11 +16,11 @@ from .norms import check_order, p_norm, reduce_dims
 _MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
 
 
-def _use_mm(x1: torch.Tensor, x2: torch.Tensor, compute_mode: str) -> bool:
+def _use_mm(x1: torch.Tensor, x2: torch.Tensor, compute_mode: str) -> bool | torch.SymBool:
     if compute_mode not in _MODES:
         raise ValueError(f"ops.cdist: compute_mode={compute_mode!r} is not one of {', '.join(_MODES)}")
     if compute_mode == "use_mm_for_euclid_dist_if_necessary":
-        return x1.shape[-2] > 25 or x2.shape[-2] > 25  # torch.cdist's own threshold
+        return (x1.shape[-2] > 25) | (x2.shape[-2] > 25)  # torch.cdist's own threshold
     return compute_mode == "use_mm_for_euclid_dist"
 
 
@@ -49,9 +49,24 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
         raise ValueError(f"ops.cdist: x1 and x2 must be at least 2-D with the same number of columns, "
                          f"got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
     p = check_order(p, "ops.cdist")
-    if p == 2 and _use_mm(x1, x2, compute_mode):
-        return _euclidean_mm(x1, x2)
+    if p != 2:
+        return _direct(x1, x2, p)
+    use_mm = _use_mm(x1, x2, compute_mode)
+    symbolic = torch.compiler.is_dynamo_compiling() or not isinstance(use_mm, bool)
+    if torch.compiler.is_exporting() and symbolic:
+        # A dynamic row count: export both forms and pick at run time, as torch.cdist does, rather
+        # than a guard that would pin the dimension to one side of 25. (A strict export's Dynamo
+        # shows a symbolic bool as a bool, so there both forms are exported whatever the shapes.)
+        return torch.cond(use_mm, _euclidean_mm, _direct_euclidean, (x1, x2))  # type: ignore[arg-type]
+    return _euclidean_mm(x1, x2) if use_mm else _direct(x1, x2, p)
+
+
+def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
     return p_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, (-1,), False)
+
+
+def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    return _direct(x1, x2, 2.0)
 
 
 @autograd_group("ops.pdist")

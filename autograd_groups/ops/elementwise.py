@@ -46,7 +46,7 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     return torch.exp(y * log_x)
 
 
-def zero_base_low_exponent(ctx: OverrideContext) -> bool:
+def zero_base_low_exponent(ctx: OverrideContext) -> torch.Tensor:
     """The check of ``ops.pow``'s override: a zero base with an exponent in ``(0, 1]``.
 
     There the slope ``y * x ** (y - 1)`` is ``inf`` (or 1 at ``y = 1``), but ``exp`` has already
@@ -54,7 +54,7 @@ def zero_base_low_exponent(ctx: OverrideContext) -> bool:
     sees both factors, so no subgradient rule can give ``torch.pow``'s answer.
     """
     x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
-    return bool(((x == 0) & (y > 0) & (y <= 1)).any())
+    return ((x == 0) & (y > 0) & (y <= 1)).any()
 
 
 def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:

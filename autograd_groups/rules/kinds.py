@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -130,6 +131,13 @@ class OverrideContext:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+def _returns_tensor(fn: Callable[..., Any]) -> bool:
+    try:
+        return typing.get_type_hints(fn).get("return") is torch.Tensor
+    except Exception:  # unresolvable annotations: no declaration to rely on
+        return False
+
+
 class Override:
     """A group-level rule: when ``check(ctx)`` is true, ``backward(ctx, *grads)`` replaces the group.
 
@@ -153,6 +161,9 @@ class Override:
         self.check = check
         self.backward_fn = backward
         self.doc = doc or (inspect.getdoc(check) or "")
+        #: Whether the check declares (``-> torch.Tensor``) that it answers with a bool tensor, which
+        #: a compiled graph can select on; any other check runs eagerly (see docs/compile.md).
+        self.traceable = _returns_tensor(check)
 
     @property
     def label(self) -> str:

@@ -50,6 +50,28 @@ EMPTY = RuleSet()
 _lock = threading.Lock()
 _rules: dict[str, tuple[Rule, ...]] = {}
 _sets: dict[str, RuleSet] = {}
+# Bumped by every change: torch.compile guards on it, so a compiled group sees today's rules.
+_generation = 0
+
+
+def generation() -> int:
+    """A number that changes whenever any group's rules change.
+
+    >>> import autograd_groups as ag
+    >>> before = generation()
+    >>> with ag.registry_scope():
+    ...     _ = ag.register_rule("tmp", ag.NanSafe())
+    >>> generation() > before
+    True
+    """
+    return _generation
+
+
+def _changed() -> None:
+    """Called with ``_lock`` held after every change of ``_rules``."""
+    global _generation
+    _generation += 1
+    _sets.clear()
 
 
 def _conflict(group: str, old: Rule, new: Rule) -> str | None:
@@ -89,7 +111,7 @@ def register_rule(group: str, rule: Rule) -> Rule:
             if problem:
                 raise RuleError(f"group {group!r}: {rule.label} {problem}")
         _rules[group] = existing + (rule,)
-        _sets.pop(group, None)
+        _changed()
     return rule
 
 
@@ -103,7 +125,7 @@ def unregister_rule(group: str, rule: Rule) -> None:
             _rules[group] = remaining
         else:
             del _rules[group]
-        _sets.pop(group, None)
+        _changed()
 
 
 def list_rules() -> dict[str, tuple[Rule, ...]]:
@@ -115,6 +137,17 @@ def list_rules() -> dict[str, tuple[Rule, ...]]:
     """
     with _lock:
         return dict(_rules)
+
+
+def has_rules(group: str) -> bool:
+    """Whether ``group`` has rules. Read without the lock: torch.compile traces it."""
+    return bool(_rules.get(group))
+
+
+def breaks_graph(group: str) -> bool:
+    """Whether ``group`` has an override whose check a compiled graph cannot trace, so that the
+    group must run eagerly under torch.compile. Read without the lock: torch.compile traces it."""
+    return any(isinstance(r, Override) and not r.traceable for r in _rules.get(group, ()))
 
 
 def ruleset(group: str) -> RuleSet:
@@ -144,7 +177,7 @@ def registry_scope() -> Iterator[None]:
         with _lock:
             _rules.clear()
             _rules.update(saved)
-            _sets.clear()
+            _changed()
 
 
 class _SpecialCase(Override):

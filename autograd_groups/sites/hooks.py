@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
@@ -41,17 +42,25 @@ def _fits(shape: torch.Size, target: torch.Size) -> bool:
 def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
     """Whether ``grad`` may be filled in place: a fresh dense tensor no other gradient shares.
 
-    Batched gradients (``is_grads_batched``, ``jacobian(vectorize=True)``) have no storage: never."""
-    if (grad._base is not None or torch.is_grad_enabled() or not grad.is_contiguous()
-            or not torch._C._has_storage(grad)):
+    Never while a compiler traces it, nor for a tensor subclass: the fake and functional tensors it
+    traces with have no data pointer, and an out-of-place select is what it fuses anyway. Never for batched
+    gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
+    if (torch.compiler.is_compiling() or type(grad) is not torch.Tensor or grad._base is not None
+            or torch.is_grad_enabled()
+            or not grad.is_contiguous() or not torch._C._has_storage(grad)):
         return False
     pointer = grad.data_ptr()
     return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
 
 
-def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, grads: Grads,
+def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads: Grads,
                       grad_outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """Apply ``rule`` to ``grads`` (in place where safe); return the mask of elements it set."""
+    """Apply ``rule`` to ``grads`` (in place where safe); return the mask of elements it set.
+
+    ``node`` is the autograd node running the backward, or None where the backward runs without
+    one (compiled autograd): then the values the rule reads are those ``site`` captured at forward.
+    """
+    instance = site.instance
     targets = range(len(grads)) if rule.input is None else (rule.input,)
     if all(i >= len(grads) or grads[i] is None for i in targets):
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
@@ -60,14 +69,20 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
     env: dict[str, Any] = {"grad": grad_outputs[0]}
     try:
         for name in rule.saved:
-            env[name] = getattr(node, "_saved_" + name)
+            env[name] = getattr(node, "_saved_" + name) if node is not None else site.captured[name]
     except AttributeError:
         missing = next(n for n in rule.saved if n not in env)
-        raise _fail(instance, rule.label, nodes.node_op(node),
-                    f"this {type(node).__name__} node does not save {missing!r}; it saves "
+        raise _fail(instance, rule.label, site.op,
+                    f"this {site.node_class.__name__} node does not save {missing!r}; it saves "
                     f"{', '.join(nodes.saved_names(node)) or 'nothing'}") from None
+    except KeyError:
+        raise _fail(instance, rule.label, site.op,
+                    "this backward runs without the op's autograd node (compiled autograd), and "
+                    "the op's saved values could not be kept at forward because saved-tensor hooks "
+                    "(torch.utils.checkpoint, save_on_cpu) were active: run this backward without "
+                    "compiled autograd, or the forward without those hooks") from None
     except CheckpointError as e:
-        raise _fail(instance, rule.label, nodes.node_op(node),
+        raise _fail(instance, rule.label, site.op,
                     f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
                     f"use_reentrant=False lets autograd read a saved value once per backward pass, "
                     f"and the op's own backward has read it. Groups marked with @autograd_group or "
@@ -77,24 +92,24 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
     try:
         mask = rule.when_fn.evaluate(env)
     except Exception as e:
-        raise _fail(instance, rule.label, nodes.node_op(node), f"'when' raised {e!r}") from e
+        raise _fail(instance, rule.label, site.op, f"'when' raised {e!r}") from e
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise _fail(instance, rule.label, nodes.node_op(node), f"'when' must give a bool tensor, not {got}")
+        raise _fail(instance, rule.label, site.op, f"'when' must give a bool tensor, not {got}")
     for i in targets:
         grad = grads[i] if i < len(grads) else None
         if grad is None:
             continue
         if mask.shape != grad.shape and not _fits(mask.shape, grad.shape):
-            raise _fail(instance, rule.label, nodes.node_op(node),
+            raise _fail(instance, rule.label, site.op,
                         f"'when' gave shape {tuple(mask.shape)}, which does not fit the gradient "
                         f"of input {i} of shape {tuple(grad.shape)}")
         if rule.constant is not None and _owned(grad, grad_outputs):
             grad.masked_fill_(mask, rule.constant)
             continue
-        value = rule.constant if rule.constant is not None else _value(rule, instance, node, env)
+        value = rule.constant if rule.constant is not None else _value(rule, site, env)
         if isinstance(value, torch.Tensor) and not _fits(value.shape, grad.shape):
-            raise _fail(instance, rule.label, nodes.node_op(node),
+            raise _fail(instance, rule.label, site.op,
                         f"'grad' returned shape {tuple(value.shape)}, but the gradient of input {i} "
                         f"has shape {tuple(grad.shape)}")
         _protect_formula(instance, node, grad, grad_outputs)
@@ -105,7 +120,7 @@ def apply_subgradient(rule: Subgradient, instance: GroupInstance, node: Any, gra
 _FORMULA = NanSafe(doc="the derivative formula of a rule site, under create_graph")
 
 
-def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
+def _protect_formula(instance: GroupInstance, node: Any | None, grad: torch.Tensor,
                      grad_outputs: Sequence[torch.Tensor | None]) -> None:
     """Make the graph of the op's own derivative formula NaN-safe (double backward only).
 
@@ -115,6 +130,8 @@ def _protect_formula(instance: GroupInstance, node: Any, grad: torch.Tensor,
     node's backward, so they are exactly the nodes between ``grad`` and the tensors the formula
     read -- the node's saved values and its incoming gradients -- and they get the NaN-safe rule.
     """
+    if node is None:  # compiled autograd: it does not differentiate its backward
+        return
     read: list[Any] | None = None
     for level in levels.differentiating_levels():
         tracked = levels.at_level(grad, level)
@@ -137,22 +154,22 @@ def _protect_graph(instance: GroupInstance, node: Any, root: Any, boundary: list
             continue
         seen.add(id(current))
         held.append(current)
-        current.register_hook(SiteHook(instance, (), _FORMULA, None))
+        current.register_hook(SiteHook(instance, (), _FORMULA, None, current))
         stack.extend(child for child, _ in current.next_functions if child is not None)
 
 
-def _value(rule: Subgradient, instance: GroupInstance, node: Any, env: dict[str, Any]) -> Any:
+def _value(rule: Subgradient, site: SiteHook, env: dict[str, Any]) -> Any:
     try:
         value = rule.grad_fn.evaluate(env)
     except Exception as e:
-        raise _fail(instance, rule.label, nodes.node_op(node), f"'grad' raised {e!r}") from e
+        raise _fail(site.instance, rule.label, site.op, f"'grad' raised {e!r}") from e
     if not isinstance(value, (torch.Tensor, int, float)):
-        raise _fail(instance, rule.label, nodes.node_op(node),
+        raise _fail(site.instance, rule.label, site.op,
                     f"'grad' must give a tensor or a number, it gave {type(value).__name__}")
     return value
 
 
-def apply_nan_safe(instance: GroupInstance, node: Any, grads: Grads,
+def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
                    grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
     """Zero every outgoing gradient element whose incoming gradients are all exactly zero;
     return the masks of the elements it changed."""
@@ -160,7 +177,7 @@ def apply_nan_safe(instance: GroupInstance, node: Any, grads: Grads,
     changed: list[torch.Tensor] = []
     if not incoming:
         return changed
-    elementwise = len(incoming) == 1 and nodes.is_pointwise_node(node)
+    elementwise = len(incoming) == 1 and nodes.is_pointwise_class(site.node_class)
     for i, grad in enumerate(grads):
         if grad is None:
             continue
@@ -171,40 +188,74 @@ def apply_nan_safe(instance: GroupInstance, node: Any, grads: Grads,
         else:
             silent = torch.stack([g.eq(0).all() for g in incoming]).all()
             fix = silent & (grad != 0)
-        _protect_formula(instance, node, grad, grad_outputs)
+        _protect_formula(site.instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
         changed.append(fix)
     return changed
+
+
+def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
+    """The saved values ``names`` of ``node``, read at forward for a backward that runs without the
+    node: compiled autograd frees them before it traces the site's hook. Detached, so that a value
+    that is the node's own output holds no reference back to the node. Nothing where reading them
+    now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
+    if (not names or torch.compiler.is_compiling() or peek_interpreter_stack() is not None
+            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
+        return {}
+    try:
+        return {name: getattr(node, "_saved_" + name).detach() for name in names}
+    except (AttributeError, RuntimeError):
+        # A value this node class does not save (said at backward), or one a backward inside a
+        # ``with`` group has freed already: the backward has nothing to read in either case.
+        return {}
 
 
 class SiteHook:
     """The post-hook at one rule site: the rules of one instance that apply to one node.
 
     Each run counts one call per rule; the number of elements a rule changed costs a reduction per
-    site, so it is counted only while the instance is traced.
+    site, so it is counted only while the instance is traced. While a compiler traces the hook
+    (torch.compile's joint graph, compiled autograd) nothing is counted: it runs once per
+    compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "vertex")
+    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "captured")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
-                 nan_safe: NanSafe | None, vertex: str | None) -> None:
+                 nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
         self.instance = instance
         self.subgradients = subgradients
         self.nan_safe = nan_safe
         self.vertex = vertex
+        self.node_class: type = type(node)
+        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients)))
+
+    @property
+    def op(self) -> str:
+        """The op name of the site's node, as rules and errors name it."""
+        return nodes.op_name_of_class(self.node_class.__name__)
 
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
         instance = self.instance
-        if flag.in_backward_scope() and not flag.backward_state().for_group(instance.name):  # type: ignore[union-attr]
+        counted = not torch.compiler.is_compiling()
+        if not flag.backward_state().for_group(instance.name):
             return None
-        instance.note_backward()
-        node = torch._C._current_autograd_node()
+        if counted:
+            instance.note_backward()
+        else:
+            counters.count_compiled(instance.name)
+        # Compiled autograd traces the hook with Dynamo, without the node (see capture).
+        node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
         for rule in self.subgradients:
-            self._count(rule, [apply_subgradient(rule, instance, node, grads, grad_outputs)])
+            mask = apply_subgradient(rule, self, node, grads, grad_outputs)
+            if counted:
+                self._count(rule, [mask])
         if self.nan_safe is not None:
-            self._count(self.nan_safe, apply_nan_safe(instance, node, grads, grad_outputs))
+            masks = apply_nan_safe(self, node, grads, grad_outputs)
+            if counted:
+                self._count(self.nan_safe, masks)
         return tuple(grads)
 
     def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:

@@ -76,23 +76,51 @@ class _OverrideFunction(torch.autograd.Function):
         view = run.context(*(
             (tuple(inputs), tuple(ctx.outputs)) if create_graph
             else (tuple(x.detach() for x in inputs), tuple(o.detach() for o in ctx.outputs))))
-        state = flag.backward_state()
-        enabled = state is None or state.for_group(instance.name)
-        instance.note_backward()
+        # Inside a compiled graph the check's answer is data the graph cannot branch on: both
+        # backwards are computed and ``torch.where`` picks (the check must give a bool tensor).
+        traced = torch.compiler.is_compiling()
+        enabled = flag.backward_state().for_group(instance.name)
         try:
-            fired = enabled and bool(rule.check(view))
+            answer = rule.check(view) if enabled else False
+            fired = answer if traced else bool(answer)
         except Exception as e:
+            hint = (" Under torch.compile the check must return its answer as a bool tensor, without "
+                    "bool() or .item() (see docs/compile.md)" if traced else "")
             raise RuleError(f"group {instance.name!r} (created at {instance.where}), rule "
-                            f"{rule.label}: the check raised {e!r}") from e
-        counters.count_rule(instance.name, rule.label, rule.kind, fired=fired)
-        if instance.graph is not None:
-            instance.record_hit(None, rule.label, int(fired))
+                            f"{rule.label}: the check raised {e!r}.{hint}") from e
+        if traced and isinstance(fired, torch.Tensor):
+            chosen = _replacement(rule, instance, view, grads)
+            automatic = _automatic(ctx, inputs, grads, create_graph)
+            return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
+        if not traced:
+            instance.note_backward()
+            counters.count_rule(instance.name, rule.label, rule.kind, fired=fired)
+            if instance.graph is not None:
+                instance.record_hit(None, rule.label, int(fired))
         if fired:
             return (None, *_replacement(rule, instance, view, grads))
-        wanted = [x for x in inputs if x.requires_grad]
-        found = iter(torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
-                                         create_graph=create_graph, allow_unused=True))
-        return (None, *[next(found) if x.requires_grad else None for x in inputs])
+        return (None, *_automatic(ctx, inputs, grads, create_graph))
+
+
+def _automatic(ctx: Any, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Tensor, ...],
+               create_graph: bool) -> list[torch.Tensor | None]:
+    """The gradients of the group's own subgraph, by the backward autograd generated for it."""
+    wanted = [x for x in inputs if x.requires_grad]
+    found = iter(torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
+                                     create_graph=create_graph, allow_unused=True))
+    return [next(found) if x.requires_grad else None for x in inputs]
+
+
+def _where(fired: torch.Tensor, chosen: torch.Tensor | None,
+           automatic: torch.Tensor | None) -> torch.Tensor | None:
+    if chosen is None and automatic is None:
+        return None
+    if chosen is None or automatic is None:
+        present = chosen if chosen is not None else automatic
+        assert present is not None
+        chosen = torch.zeros_like(present) if chosen is None else chosen
+        automatic = torch.zeros_like(present) if automatic is None else automatic
+    return torch.where(fired, chosen, automatic)
 
 
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,

@@ -16,12 +16,14 @@ SAFE = "can be off"
 NO_RULES = "no rules"
 OFF = "was off"
 NOT_RUN = "no backward"
+COMPILED = "unknown: compiled"
 LEGEND = {
     KEEP: "its rules changed gradients: it reaches special points",
     SAFE: "its rules ran but never changed an element in this run",
     NO_RULES: "the group has no rules",
     OFF: "every instance was created with special cases off",
     NOT_RUN: "no backward pass reached its rule sites",
+    COMPILED: "it ran inside torch.compile'd code, where its rules' hits are not counted",
 }
 
 
@@ -43,6 +45,7 @@ class GroupReport:
     instances: int
     instances_off: int
     backward_passes: int
+    compiled: bool = False
     rules: list[RuleRow] = field(default_factory=list)
 
     @property
@@ -54,6 +57,8 @@ class GroupReport:
             return OFF
         if any(r.changed for r in self.rules):
             return KEEP
+        if self.compiled:
+            return COMPILED
         return SAFE if any(r.calls for r in self.rules) else NOT_RUN
 
 
@@ -69,7 +74,8 @@ def reports(counts: Mapping[str, Mapping[str, Any]],
     found: list[GroupReport] = []
     for name in sorted(counts):
         count = counts[name]
-        report = GroupReport(name, count["instances"], count["instances_off"], count["backward_passes"])
+        report = GroupReport(name, count["instances"], count["instances_off"], count["backward_passes"],
+                             count.get("compiled", False))
         for label, rule in count.get("rules", {}).items():
             changed = rule["firings"] if rule["kind"] == "override" else rule["elements"]
             report.rules.append(RuleRow(label, rule["kind"], rule["calls"], changed))
