@@ -19,35 +19,47 @@ from typing import Any
 
 import torch
 
-from .. import flag
-from ..observe import anomaly, tracer
-from ..rules import registry
-from . import lifecycle
+from ..flag import current_state
+from ..observe.anomaly import active as anomaly_active
+from ..observe.tracer import active as trace_active
+from ..rules.registry import breaks_graph, generation, has_rules
+from .lifecycle import lost_rules
 
 #: ``(flag key, registry generation, watched, args, kwargs) -> outputs``: a group's call as a
 #: compiled graph traces it.
 InGraph = Callable[[tuple[Any, ...], int, bool, tuple[Any, ...], dict[str, Any]], Any]
 
 
+def needed(name: str) -> bool:
+    """Whether a group's instance would do anything here: special cases on with rules to apply, or
+    an observer to tell. Where not, compiled code runs the group as its plain ops, at no cost."""
+    return (current_state().for_group(name) and has_rules(name)) or watched()
+
+
+def watched() -> bool:
+    return trace_active() is not None or anomaly_active()
+
+
 def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: Callable[..., Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Call a decorated group's function from the graph Dynamo is tracing: as one opaque call, or,
-    where its override's check cannot be traced, eagerly (``eager``, not traced by Dynamo: one graph
-    break). Under a
-    strict ``torch.export``, which can carry no rule, its ``plain`` ops, or an error if it has rules."""
-    enabled = flag.current_state().for_group(name)
+    """Call a decorated group's function from the graph Dynamo is tracing: as one opaque call; as
+    its ``plain`` ops where it has nothing to do, or under a strict ``torch.export``, which can carry
+    no rule (an error if it has rules); or, where its override's check cannot be traced, eagerly
+    (``eager``, which Dynamo does not trace: one graph break)."""
     if torch.compiler.is_exporting():
-        refuse_export(name, enabled)
+        refuse_export(name)
         return plain(*args, **kwargs)
-    if enabled and registry.breaks_graph(name):
+    if not needed(name):
+        return plain(*args, **kwargs)
+    if current_state().for_group(name) and breaks_graph(name):
         return eager(*args, **kwargs)
     return enter(in_graph, args, kwargs)
 
 
-def refuse_export(name: str, enabled: bool) -> None:
+def refuse_export(name: str) -> None:
     """Stop a strict ``torch.export`` at a group whose rules it would lose, saying why."""
-    if enabled and registry.has_rules(name):
-        torch._dynamo.graph_break(msg=lifecycle.lost_rules(name, "torch.export (strict)"))
+    if current_state().for_group(name) and has_rules(name):
+        torch._dynamo.graph_break(msg=lost_rules(name, "torch.export (strict)"))
 
 
 def enter(in_graph: InGraph, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -55,6 +67,6 @@ def enter(in_graph: InGraph, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
     ``in_graph`` must be defined outside the compiled region (at decoration time).
     """
-    watched = tracer.active() is not None or anomaly.active()
     call = torch._dynamo.nonstrict_trace(in_graph)
-    return call(flag.current_state().key, registry.generation(), watched, args, kwargs)
+    return call(current_state().key, generation(), watched(), args, kwargs)
+

@@ -200,7 +200,8 @@ class autograd_group:
         if torch.compiler.is_dynamo_compiling():
             # The instance opens when AOTAutograd runs the graph; there is none to return here.
             if torch.compiler.is_exporting():
-                compiled.refuse_export(self.name, flag.current_state().for_group(self.name))
+                compiled.refuse_export(self.name)
+            if torch.compiler.is_exporting() or not compiled.needed(self.name):
                 self._traced.append(None)
                 return None
             compiled.enter(_open_in_graph, (self.name,), {})

@@ -32,7 +32,8 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     """
     if torch.compiler.is_dynamo_compiling():
         if torch.compiler.is_exporting():
-            compiled.refuse_export(name, flag.current_state().for_group(name))
+            compiled.refuse_export(name)
+        if torch.compiler.is_exporting() or not compiled.needed(name):
             return tensor
         out: torch.Tensor = compiled.enter(_tag_in_graph, (tensor, name), {})
         return out
