@@ -55,8 +55,11 @@ def main() -> None:
         # One compiled function per variant, so that each keeps its own graph.
         built = {name: compiled(fn) for name, fn in eager.items()}
         off = compiled(example.grouped_cdist)
+        # Compiled kernels sum in another order: float32 rounding, relative to the largest entry.
+        scale = float(torch.autograd.grad(example.grouped_cdist(x1, x2).sum(), x1)[0].abs().max())
         same_gradients({"group": example.grouped_cdist, "c.group": built["group"],
-                        "c.Function": built["Function"], "torch.cdist": torch.cdist}, x1, x2)
+                        "c.Function": built["Function"], "torch.cdist": torch.cdist}, x1, x2,
+                       rtol=1e-4, atol=1e-5 * scale)
         variants = {f"e.{name}": step(fn, x1, x2) for name, fn in eager.items()}
         variants |= {f"c.{name}": step(fn, x1, x2) for name, fn in built.items()}
         variants["c.off"] = step(off, x1, x2, enabled=False)

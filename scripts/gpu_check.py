@@ -12,6 +12,12 @@
    it; 4 threads at once, half of them inside such a block, each get their own reference result.
 3. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
    interleaved runs), with special cases on and off.
+4. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
+   composite, the group, a hand-written autograd.Function and torch.cdist, eager and compiled with
+   inductor (Triton kernels on CUDA), and with ``mode="reduce-overhead"`` (CUDA graphs) on CUDA.
+   Checked: the compiled group's gradients equal the eager group's, and, under CUDA graphs, a
+   compiled step runs with ``torch.cuda.set_sync_debug_mode("error")`` (a rule site that
+   synchronised the device would raise) and no graph is skipped by CUDA graph trees.
 
 Without a CUDA device it prints a message and exits 0. Exit status 1 when a check fails.
 """
@@ -34,6 +40,9 @@ import autograd_groups as ag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import ops_cases  # noqa: E402  (the built-ins' cases with special points, shared with the tests)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_core import HandWrittenCdist, example  # noqa: E402  (the compile benchmark's variants)
 
 TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7)}  # (rtol, atol)
 
@@ -222,6 +231,83 @@ def speed_table(device: torch.device, repeat: int, scale: int) -> None:
               f"{med['on'] / med['native']:.2f} | {med['off'] / med['native']:.2f} |")
 
 
+def _cdist_points(device: torch.device, n: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(0)
+    x1 = torch.randn(n, d, generator=g, device=device)
+    x2 = torch.randn(n, d, generator=g, device=device)
+    x2[: max(1, n // 8)] = x1[: max(1, n // 8)]  # 1/8 of the rows coincide: the rule fires
+    return x1.requires_grad_(), x2.requires_grad_()
+
+
+def _step(fn: Callable[..., torch.Tensor], x1: torch.Tensor, x2: torch.Tensor,
+          device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    torch.autograd.grad(fn(x1, x2).sum(), (x1, x2))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def check_compiled(device: torch.device, repeat: int, scale: int) -> int:
+    """The compile benchmark's variants on ``device``; the number of failed checks."""
+    from torch._dynamo.utils import counters
+
+    example.register()
+    torch._dynamo.config.cache_size_limit = 64
+    modes = ["default", *(["reduce-overhead"] if device.type == "cuda" else [])]
+    print(f"\n## torch.compile on {device}: cdist forward + backward, float32, 1/8 of rows coincident, "
+          f"median of {repeat} interleaved runs (ms)\n")
+    eager = {"plain": example.euclidean_cdist, "group": example.grouped_cdist,
+             "Function": HandWrittenCdist.apply, "torch.cdist": torch.cdist}
+    names = [f"e.{k}" for k in eager] + [f"{m[0]}.{k}" for m in modes for k in eager]
+    print("| (N, M, D) | " + " | ".join(names) + " | c.group / c.Function | c.group / c.plain |")
+    print("|" + " --- |" * (len(names) + 3))
+    failures = 0
+    for n, d in ((4, 3), (64, 16), (1024 // scale, 64)):
+        x1, x2 = _cdist_points(device, n, d)
+        variants: dict[str, Callable[..., torch.Tensor]] = {f"e.{k}": fn for k, fn in eager.items()}
+        for mode in modes:
+            variants |= {f"{mode[0]}.{k}": torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+                         for k, fn in eager.items()}
+        want = torch.autograd.grad(example.grouped_cdist(x1, x2).sum(), (x1, x2))
+        for mode in modes:
+            counters.clear()
+            compiled = variants[f"{mode[0]}.group"]
+            for _ in range(3):  # compile, then (CUDA graphs) record, then replay
+                _step(compiled, x1, x2, device)
+            if device.type == "cuda" and mode == "reduce-overhead":
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    _step(compiled, x1, x2, device)
+                    synced = False
+                except RuntimeError:
+                    synced = True
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                skipped = counters["inductor"]["cudagraph_skips"]
+                if synced or skipped:
+                    failures += 1
+                    print(f"- FAIL ({n}, {n}, {d}) {mode}: synchronised {synced}, "
+                          f"CUDA graphs skipped {skipped}")
+            got = torch.autograd.grad(compiled(x1, x2).sum(), (x1, x2))
+            for g, w in zip(got, want):
+                if not torch.allclose(g, w, rtol=1e-3, atol=1e-4):
+                    failures += 1
+                    print(f"- FAIL ({n}, {n}, {d}) {mode}: compiled group gradients differ from eager")
+        for fn in variants.values():
+            _step(fn, x1, x2, device)  # warm-up
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(repeat):
+            for k, fn in variants.items():
+                times[k].append(_step(fn, x1, x2, device))
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        print(f"| ({n}, {n}, {d}) | " + " | ".join(f"{med[k]:.3f}" for k in names)
+              + f" | {med['d.group'] / med['d.Function']:.2f} | {med['d.group'] / med['d.plain']:.2f} |")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test the script)")
@@ -236,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# gpu_check: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     failures = check_builtins(device) + check_flag(device)
     speed_table(device, args.repeat, args.scale)
+    failures += check_compiled(device, args.repeat, args.scale)
     print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
     return 1 if failures else 0
 

@@ -304,6 +304,23 @@ def test_compiled_autograd_applies_the_rules(forward):
     assert dict(counters["graph_break"]) == {}
 
 
+def test_compiled_autograd_obeys_a_backward_scope():
+    """Compiled autograd traces the backward when it runs, so the scope is read (and guarded) then."""
+
+    def model(a):
+        return ag.ops.cdist(a, a.detach()).sum()
+
+    nan = []
+    for enabled in (True, False, True):
+        x = leaf(ROWS)
+        loss = model(x)
+        with ag.special_cases(enabled, during="backward"), \
+                torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            loss.backward()
+        nan.append(bool(x.grad.isnan().any()))
+    assert nan == [False, True, False]
+
+
 def test_compiled_autograd_by_config():
     model = torch.compile(lambda a: ag.ops.cdist(a, a.detach()).sum(), backend="aot_eager")
     x = leaf(ROWS)

@@ -34,4 +34,6 @@ def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(rows) == 2 * len(gpu_check.ops_cases.CASES)
     assert out.count("- ok  ") == 5 and "FAIL" not in out
     assert "| cdist (64, 64, 64), p=2 |" in out
+    compiled = [line for line in out.splitlines() if line.startswith("| (") and "N, M, D" not in line]
+    assert [line.split(" | ")[0] for line in compiled] == ["| (4, 4, 3)", "| (64, 64, 16)", "| (64, 64, 64)"]
     assert out.rstrip().endswith("All checks passed.")
