@@ -6,7 +6,9 @@ that drift on a shared machine hits all of them alike; the table shows medians:
 - native: the torch op, whose backward is hand-written C++;
 - composite: the same primitive ops as the built-in, outside any group (``op.__wrapped__``);
 - rules on: the built-in op, with its special cases (the default);
-- rules off: the built-in op under ``ag.special_cases(False)``.
+- rules off: the built-in op under ``ag.special_cases(False)``;
+- compiled: the built-in op, rules on, under ``torch.compile(fullgraph=True)`` (inductor), and its
+  ratio to the faster of native eager and native compiled (the native op compiled the same way).
 
     python benchmarks/bench_ops.py                 # every op, a Markdown table
     python benchmarks/bench_ops.py --only cdist    # rows whose name contains "cdist"
@@ -99,6 +101,8 @@ def run(bench: Bench, repeat: int, warmup: int) -> dict[str, float]:
         "composite": (bench.ours.__wrapped__, True),  # type: ignore[attr-defined]
         "rules on": (bench.ours, True),
         "rules off": (bench.ours, False),
+        "c.native": (torch.compile(bench.native, fullgraph=True), True),
+        "compiled": (torch.compile(bench.ours, fullgraph=True), True),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for i in range(warmup + repeat):
@@ -119,17 +123,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    torch._dynamo.config.cache_size_limit = 64
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, forward + backward, "
           f"median of {args.repeat} interleaved repetitions (ms; x native in parentheses)\n")
-    print("| op | size | native | composite | rules on | rules off |")
-    print("|---|---|---|---|---|---|")
+    print("| op | size | native | composite | rules on | rules off | c.native | compiled "
+          "| compiled / best native |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for bench in BENCHES:
         if args.only not in bench.name:
             continue
         medians = run(bench, args.repeat, args.warmup)
         base = medians["native"]
         cells = [f"{base * 1e3:.2f}"] + [f"{medians[k] * 1e3:.2f} ({medians[k] / base:.2f}x)"
-                                         for k in ("composite", "rules on", "rules off")]
+                                         for k in ("composite", "rules on", "rules off", "c.native",
+                                                   "compiled")]
+        cells.append(f"{medians['compiled'] / min(base, medians['c.native']):.2f}x")
         print(f"| {bench.name} | {bench.size} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -253,13 +253,16 @@ def test_tagged_ops_under_torch_func_transforms() -> None:
     torch.testing.assert_close(batched.grad, func.grad(lambda a: _norm_reference(a).sum())(x))
 
 
-def test_forward_mode_is_not_covered_by_rules() -> None:
-    """Rules act on backward nodes; forward-mode AD (jvp, jacfwd) sees the plain composite."""
+def test_forward_mode_gives_the_transpose_of_the_rules() -> None:
+    """Forward-mode AD (jacfwd) takes the group's tangents from its rule-corrected reverse mode
+    (tests/test_forward_mode.py has the full matrix)."""
     x1, x2 = (t.detach() for t in _ties())
-    got = torch.func.jacfwd(cdist)(x1, x2)
-    want = torch.func.jacfwd(euclidean_cdist)(x1, x2)
-    assert want.isnan().any()
-    torch.testing.assert_close(got, want, equal_nan=True)
+    got = torch.func.jacfwd(cdist, argnums=(0, 1))(x1, x2)
+    want = torch.func.jacrev(cdist, argnums=(0, 1))(x1, x2)
+    assert torch.func.jacfwd(euclidean_cdist)(x1, x2).isnan().any()
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w)
 
 
 # -- checkpointing ------------------------------------------------------------------------------

@@ -8,9 +8,11 @@ local files and the mkdocs navigation are checked too.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import autograd_groups as ag
@@ -59,6 +61,10 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         for line, code in blocks:
             # Padding with newlines makes tracebacks point at the line in the Markdown file.
             exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+    if "torch._dynamo" in sys.modules:
+        # A page's compiled functions keep what they traced, group instances included: free them,
+        # as tests/test_compile.py does, so that test_memory.py counts from zero.
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

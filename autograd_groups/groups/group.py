@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from .. import flag
 from ..errors import GroupError
 from ..rules import registry
+from ..sites import tangents
 from ..sites.levels import graph_roots
 from ..sites.override import run_override
 from . import compiled
@@ -183,7 +184,13 @@ class autograd_group:
         def grouped(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_dynamo_compiling():
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
-            return run(args, kwargs, flag.current_state().for_group(name), caller(2))
+            enabled = flag.current_state().for_group(name)
+            if enabled and tangents.active(args, kwargs) and not tangents.transposing() \
+                    and registry.has_rules(name):
+                where = caller(2)
+                return tangents.run(name, f"{where[0]}:{where[1]}", fn,
+                                    lambda a, k: run(a, k, enabled, where), args, kwargs)
+            return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:
             # torch.jit.script calls this on each function it compiles: TorchScript would compile
@@ -210,7 +217,11 @@ class autograd_group:
             self._traced.append(recorder)
             return None
         entries = _entries()
-        instance = open_instance(self.name, flag.current_state().for_group(self.name), caller(2))
+        enabled = flag.current_state().for_group(self.name)
+        if enabled and tangents.active() and not tangents.transposing() and registry.has_rules(self.name):
+            where = caller(2)
+            raise tangents.refuse_block(self.name, f"{where[0]}:{where[1]}", "a `with` block")
+        instance = open_instance(self.name, enabled, caller(2))
         if instance is None:
             entries.append((self, None))
             return None

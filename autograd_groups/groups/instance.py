@@ -12,6 +12,7 @@ import torch
 
 from ..observe import counters
 from ..rules.registry import RuleSet
+from ..sites.tangents import transposing
 
 
 class Session(Protocol):
@@ -55,6 +56,9 @@ class GroupInstance:
         self._where = where
         self._task = -1
         self.hooks_pushed = False
+        #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
+        #: decided here, at forward time, for the hooks that run on the engine's threads.
+        self.transposed = transposing()
         self._start = torch._C._autograd._get_sequence_nr()
 
     @property

@@ -10,6 +10,7 @@ import torch
 from .. import flag
 from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
+from ..sites import tangents
 from ..sites.levels import graph_roots
 from . import compiled
 from .claims import CLAIM
@@ -44,6 +45,8 @@ def _tag(tensor: torch.Tensor, name: str, where: tuple[str, int]) -> torch.Tenso
     enabled = flag.current_state().for_group(name)
     if not enabled and tracer.active() is None and not anomaly.active():
         return tensor
+    if enabled and tangents.active((tensor,)) and not tangents.transposing() and registry.has_rules(name):
+        raise tangents.refuse_block(name, f"{where[0]}:{where[1]}", "tag(), which marks ops after they ran,")
     # Under torch.func each grad transform level has its own node for the op, and its own chains.
     for node in graph_roots([tensor]):
         _tag_node(node, name, enabled, where)

@@ -13,7 +13,7 @@ import torch
 
 from .. import nodes
 from ..errors import ExpressionError, RuleError
-from . import expr
+from . import expr, linearity
 
 #: A ``when``/``grad``: an expression string, a number, or a callable over saved values and ``grad``.
 Value = str | int | float | bool | Callable[..., Any]
@@ -90,6 +90,16 @@ class Subgradient:
         object.__setattr__(self, "constant", float(self.grad) if is_number else None)  # type: ignore[arg-type]
         object.__setattr__(self, "when_fn", when_fn)
         object.__setattr__(self, "grad_fn", grad_fn)
+
+    @functools.cached_property
+    def transposable(self) -> bool:
+        """Whether the rule has a forward-mode counterpart: ``grad`` linear in ``grad``
+        (:mod:`~autograd_groups.rules.linearity`); a callable that reads ``grad`` is trusted to be."""
+        if callable(self.grad):
+            return "grad" in self.grad_fn.names
+        if isinstance(self.grad, str):
+            return linearity.is_linear(self.grad)
+        return self.constant == 0
 
     @functools.cached_property
     def label(self) -> str:

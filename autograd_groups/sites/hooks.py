@@ -66,6 +66,12 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
         # saved values autograd may not have kept): the rule has nothing to do.
         return torch.zeros((), dtype=torch.bool)
+    if instance.transposed and not rule.transposable:
+        raise _fail(instance, rule.label, site.op,
+                    "a forward-mode pass (jvp, jacfwd, hessian, forward_ad) reached this rule, and "
+                    "its 'grad' is not linear in grad, so it has no transpose to give the tangents "
+                    "(docs/groups.md, 'Forward mode'): write 'grad' as grad times a factor (e.g. "
+                    "'grad * c' for a local derivative c), or 0")
     env: dict[str, Any] = {"grad": grad_outputs[0]}
     try:
         for name in rule.saved:

@@ -46,11 +46,7 @@ def differentiating_levels() -> list[int]:
     """
     if peek_interpreter_stack() is None:
         return [PLAIN]
-    interpreters = retrieve_all_functorch_interpreters()
-    levels = _grad_levels(interpreters)
-    if interpreters and interpreters[-1].key() == TransformType.Grad:
-        levels.pop()  # the transform running this backward: what it records of it is discarded
-    return [PLAIN, *levels]
+    return [PLAIN, *_grad_levels(retrieve_all_functorch_interpreters())]
 
 
 def at_level(value: Any, level: int) -> torch.Tensor | None:

@@ -147,8 +147,15 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
     """Call ``fn`` as an override group: one autograd node that wraps the group's own subgraph."""
     run = _Run(instance, fn, args, kwargs, inputs, named, arguments)
     try:
+        label = instance.rules.override.label  # type: ignore[union-attr]
+        if instance.transposed:
+            raise RuleError(
+                f"group {instance.name!r} (created at {instance.where}) has an override rule "
+                f"({label}) and runs under forward-mode AD (jvp, jacfwd, hessian, forward_ad): a "
+                f"replacement backward has no forward-mode counterpart. Take derivatives of this "
+                f"group in reverse mode (jacrev, torch.autograd.grad), or turn its special cases off "
+                f"for this pass: ag.special_cases(False, groups=[{instance.name!r}])")
         if torch._C._functorch.peek_interpreter_stack() is not None:
-            label = instance.rules.override.label  # type: ignore[union-attr]
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "
                 f"({label}), which runs as a torch.autograd.Function that "

@@ -1,0 +1,182 @@
+"""Forward mode (``jvp``, ``jacfwd``, ``forward_ad``): a group's tangents are the transpose of its
+rule-corrected reverse mode.
+
+A forward-mode pass computes ``J·t`` op by op while the forward runs, long before any backward hook
+could act, and a tangent that crosses a singular op is already NaN. Instead of a second realisation
+of every rule on tangents, a group with rules runs under forward mode as one ``autograd.Function``
+whose ``jvp`` is the transpose of the group's own vjp, rules and all::
+
+    J·t = ∇_u ⟨vjp(u), t⟩        (the vjp with the group's rules, taken at u = 1)
+
+``vjp`` is linear in ``u``, so the gradient is the same at every ``u``; ``u = 1`` is the piece where
+no output's cotangent is zero, which a NaN-safe rule would otherwise treat as "nothing flows". So
+``jacfwd`` equals ``jacrev`` by construction, for every kind of rule, and an exactly zero tangent
+stays zero wherever the double backward is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
+has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed.
+
+The price is a backward and a double backward of the group per forward-mode call; reverse mode
+pays one attribute read (:func:`active`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.autograd.forward_ad as forward_ad
+from torch._C._functorch import TransformType, peek_interpreter_stack
+from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..errors import GroupError
+
+class _Local(threading.local):
+    depth = 0  # how many transpositions this thread is inside
+
+
+_local = _Local()
+
+
+def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether a forward-mode pass runs through a call with ``args`` and ``kwargs``: a ``torch.func``
+    jvp transform (``jvp``, ``jacfwd``, ``hessian``), or a ``forward_ad`` dual level with a dual
+    tensor among the arguments (any dual level when there are no arguments to look at).
+
+    >>> import torch
+    >>> active((torch.ones(2),))
+    False
+    """
+    if forward_ad._current_level >= 0 and (args is None or any(
+            isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None
+            for t in (*args, *(kwargs or {}).values()))):
+        return True
+    if peek_interpreter_stack() is None:
+        return False
+    return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+def transposing() -> bool:
+    """Whether this thread is computing a group's tangents from its reverse mode: groups opened now
+    run as in reverse mode, and their rules must be linear in ``grad``."""
+    return _local.depth > 0
+
+
+@contextmanager
+def _transposing() -> Iterator[None]:
+    _local.depth += 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+class _Call:
+    """A group's call with its tensors taken out: ``plain`` runs the bare function (the forward
+    values), ``ruled`` the group with its rules (for the vjp)."""
+
+    def __init__(self, name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
+                 flat: list[Any], spec: Any, positions: list[int]) -> None:
+        self.name = name
+        self.where = where
+        self._plain = plain
+        self._ruled = ruled
+        self._flat = flat
+        self._spec = spec
+        self._positions = positions
+
+    def _arguments(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        values = list(self._flat)
+        for i, t in zip(self._positions, tensors):
+            values[i] = t
+        args, kwargs = tree_unflatten(values, self._spec)
+        return args, kwargs
+
+    def plain(self, *tensors: torch.Tensor) -> Any:
+        args, kwargs = self._arguments(tensors)
+        with _transposing():
+            out = self._plain(*args, **kwargs)
+        if isinstance(out, torch.Tensor) or (
+                isinstance(out, tuple) and out and all(isinstance(t, torch.Tensor) for t in out)):
+            return out
+        raise GroupError(
+            f"group {self.name!r} (created at {self.where}) runs under forward-mode AD (jvp, jacfwd, "
+            f"forward_ad), where a group with rules must return a tensor or a tuple of tensors, not "
+            f"{type(out).__name__}: return the tensors and build the rest outside the group")
+
+    def ruled(self, *tensors: torch.Tensor) -> Any:
+        args, kwargs = self._arguments(tensors)
+        return self._ruled(args, kwargs)
+
+    def vjp(self, inputs: tuple[torch.Tensor, ...], cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+        """The group's gradients of ``inputs`` for output ``cotangents``, its rules applied."""
+        out, vjp_fn = torch.func.vjp(self.ruled, *inputs)[:2]
+        return vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+
+
+class _Transposed(torch.autograd.Function):
+    """The group as one op: its forward the bare function, its vjp the group's with rules, its jvp
+    the transpose of that vjp."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(call: _Call, *inputs: torch.Tensor) -> Any:
+        return call.plain(*inputs)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.call = inputs[0]
+        outputs = (output,) if isinstance(output, torch.Tensor) else output
+        ctx.outputs = [torch.empty_like(t) for t in outputs]
+        ctx.save_for_forward(*inputs[1:])
+        ctx.save_for_backward(*inputs[1:])
+
+    @staticmethod
+    def jvp(ctx: Any, _: None, *tangents: torch.Tensor | None) -> Any:
+        call: _Call = ctx.call
+        inputs = ctx.saved_tensors
+        units = tuple(torch.ones_like(t) for t in ctx.outputs)
+
+        def pairing(*cotangents: torch.Tensor) -> torch.Tensor:
+            grads = call.vjp(inputs, cotangents)
+            total = cotangents[0].new_zeros(())
+            for grad, tangent in zip(grads, tangents):
+                if grad is not None and tangent is not None:
+                    total = total + (grad * tangent).sum()
+            return total
+
+        with _transposing():
+            out = torch.func.grad(pairing, argnums=tuple(range(len(units))))(*units)
+        return out[0] if len(units) == 1 else out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        cotangents = tuple(torch.zeros_like(o) if g is None else g for g, o in zip(grads, ctx.outputs))
+        with _transposing():
+            return (None, *ctx.call.vjp(ctx.saved_tensors, cotangents))
+
+
+def run(name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
+        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call group ``name`` under forward mode: ``plain(*args, **kwargs)`` gives its values,
+    ``ruled(args, kwargs)`` runs it with its rules; tangents and gradients flow through the group's
+    rules (see the module's docstring)."""
+    flat, spec = tree_flatten((args, kwargs))
+    positions = [i for i, v in enumerate(flat)
+                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
+    call = _Call(name, where, plain, ruled, flat, spec, positions)
+    return _Transposed.apply(call, *(flat[i] for i in positions))
+
+
+def refuse_block(name: str, where: str, form: str) -> GroupError:
+    """The error for a ``with`` block or ``tag()`` of a group with rules under forward mode: there
+    is no function boundary to transpose."""
+    return GroupError(
+        f"group {name!r} (at {where}) has rules and runs under forward-mode AD (jvp, jacfwd, "
+        f"hessian, forward_ad), whose tangents it can only correct for a whole function: {form} has "
+        f"no function boundary. Move the code into a function decorated with "
+        f"@autograd_group({name!r}), or turn its special cases off for this pass "
+        f"(`ag.special_cases(False, groups=[{name!r}])`) if it never reaches a special point")
