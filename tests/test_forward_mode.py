@@ -19,7 +19,8 @@ from autograd_groups import ops
 from autograd_groups.errors import GroupError, RuleError
 
 F64 = torch.float64
-#: The built-ins whose group has an override rule: forward mode refuses them (docs/groups.md).
+#: The built-ins whose group has an override rule, which torch.func's reverse mode refuses: their
+#: reference Jacobian is torch.autograd.functional.jacobian's.
 OVERRIDE = "pow"
 SECOND_ORDER = ["cdist-p2.0", "cdist-p3.0", "pdist-p2.0", "dist-p2.0-equal", "vector_norm-ord2.0",
                 "normalize-p2.0", "cosine_similarity", "std-c1", "atan2",
@@ -68,14 +69,17 @@ def _tangents(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(x.shape, generator=g, dtype=F64) for x in xs)
 
 
-FIRST_ORDER = [c for c in CASES if not c.id.startswith(OVERRIDE)]
+def _reverse(case: Case, fn: Callable[..., torch.Tensor], xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    if case.id.startswith(OVERRIDE):
+        return tuple(torch.autograd.functional.jacobian(fn, xs))
+    return tuple(jacrev(fn, argnums=tuple(range(len(xs))))(*xs))
 
 
-@pytest.mark.parametrize("case", FIRST_ORDER, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_jacfwd_jvp_and_dual_numbers_equal_jacrev(case: Case) -> None:
     fn, xs = _split(case)
     argnums = tuple(range(len(xs)))
-    reverse = jacrev(fn, argnums=argnums)(*xs)
+    reverse = _reverse(case, fn, xs)
     forward = jacfwd(fn, argnums=argnums)(*xs)
     out = fn(*xs)
     for r, f in zip(reverse, forward):
@@ -92,7 +96,7 @@ def test_jacfwd_jvp_and_dual_numbers_equal_jacrev(case: Case) -> None:
         torch.testing.assert_close(fwAD.unpack_dual(dual).tangent, expected, equal_nan=True)
 
 
-@pytest.mark.parametrize("case", FIRST_ORDER, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_jacfwd_equals_native_where_native_has_forward_ad(case: Case) -> None:
     fn, xs = _split(case)
     argnums = tuple(range(len(xs)))
@@ -190,16 +194,44 @@ def test_a_zero_tangent_stays_zero_through_a_nan_safe_group() -> None:
         torch.testing.assert_close(tangent, torch.tensor([0.0, 0.25], dtype=F64))
 
 
-def test_an_override_group_is_refused_in_forward_mode() -> None:
-    x = torch.tensor([0.0, 2.0], dtype=F64)
-    y = torch.tensor([0.5, 2.0], dtype=F64)
-    with pytest.raises(RuleError, match=r"group 'ops.pow' .* has an override rule .* forward-mode AD .* "
-                                        r"no forward-mode counterpart"):
-        jacfwd(ops.pow)(x, y)
+def test_an_override_gives_the_transpose_of_its_replacement() -> None:
+    # ops.pow at a zero base with exponent 1: the check fires, the replacement gives slope 1.
+    x = torch.tensor([0.0, 0.0, 2.0], dtype=F64)
+    y = torch.tensor([1.0, 2.0, 3.0], dtype=F64)
+    forward = jacfwd(ops.pow, argnums=(0, 1))(x, y)
+    reverse = torch.autograd.functional.jacobian(ops.pow, (x, y))
+    native = jacfwd(torch.pow, argnums=(0, 1))(x, y)
+    for f, r, n in zip(forward, reverse, native):
+        assert torch.isfinite(f).all()
+        torch.testing.assert_close(f, r)
+        torch.testing.assert_close(f, n)
     with ag.special_cases(False, groups=["ops.pow"]):  # the plain composite: NaN at the zero base
-        plain = jacfwd(ops.pow)(x, torch.tensor([2.0, 2.0], dtype=F64))
-    torch.testing.assert_close(plain[1], torch.tensor([0.0, 4.0], dtype=F64))
-    assert plain[0].isnan().all()
+        assert jacfwd(ops.pow)(x, y)[:2].isnan().all()
+
+
+def test_an_override_check_that_reads_data_works_until_its_inputs_are_batched() -> None:
+    with ag.registry_scope():
+        @ag.autograd_group("fm.override")
+        def norm(x: torch.Tensor) -> torch.Tensor:
+            return x.pow(2).sum(-1).sqrt()
+
+        @ag.special_case("fm.override")
+        def has_zero(ctx: ag.OverrideContext) -> bool:
+            return bool((ctx.outputs[0] == 0).any())
+
+        @has_zero.backward
+        def zero_there(ctx: ag.OverrideContext, grad: torch.Tensor) -> torch.Tensor:
+            (x,), (n,) = ctx.inputs, ctx.outputs
+            return torch.where(n.unsqueeze(-1) == 0, 0.0, x / n.unsqueeze(-1)) * grad.unsqueeze(-1)
+
+        # jacfwd batches the tangents only: the check reads the primal values, one answer.
+        forward = jacfwd(norm)(ZERO_ROW)
+        torch.testing.assert_close(forward, torch.autograd.functional.jacobian(norm, ZERO_ROW))
+        assert torch.isfinite(forward).all()
+        # vmap over the inputs batches the values the check reads: it must answer with a tensor.
+        with pytest.raises(RuleError, match=r"group 'fm.override' .* the check raised .* Under vmap over "
+                                            r"the group's inputs .* must then return its answer as a bool tensor"):
+            vmap(jacfwd(norm))(ZERO_ROW[None])
 
 
 def test_with_blocks_and_tags_are_refused_in_forward_mode() -> None:

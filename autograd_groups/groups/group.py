@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from .. import flag
 from ..errors import GroupError
 from ..rules import registry
+from ..rules.kinds import OverrideContext
 from ..sites import tangents
 from ..sites.levels import graph_roots
 from ..sites.override import run_override
@@ -151,11 +152,12 @@ class autograd_group:
         code = getattr(fn, "__code__", None)
         defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
-        def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int]) -> Any:
+        def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
+                override: bool = True) -> Any:
             instance = open_instance(name, enabled, where)
             if instance is None:
                 return fn(*args, **kwargs)
-            if instance.rules.override is not None:
+            if instance.rules.override is not None and override:
                 named, inputs, arguments = _named_inputs(signature, args, kwargs)
                 return run_override(instance, fn, args, kwargs, inputs, named, arguments)
             named = _named_inputs(signature, args, kwargs)[0] if instance.graph is not None else {}
@@ -166,6 +168,11 @@ class autograd_group:
                 raise
             close_instance(instance, graph_roots(tensors_of(out)), named)
             return out
+
+        def context(args: tuple[Any, ...], kwargs: dict[str, Any],
+                    outputs: tuple[torch.Tensor, ...]) -> OverrideContext:
+            _, inputs, arguments = _named_inputs(signature, args, kwargs)
+            return OverrideContext(name, tuple(inputs), outputs, arguments)
 
         def in_graph(flag_key: tuple[Any, ...], generation: int, watched: bool,
                      args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -189,7 +196,8 @@ class autograd_group:
                     and registry.has_rules(name):
                 where = caller(2)
                 return tangents.run(name, f"{where[0]}:{where[1]}", fn,
-                                    lambda a, k: run(a, k, enabled, where), args, kwargs)
+                                    lambda a, k: run(a, k, enabled, where, override=False), args, kwargs,
+                                    registry.ruleset(name).override, context)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:

@@ -149,12 +149,15 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
     try:
         label = instance.rules.override.label  # type: ignore[union-attr]
         if instance.transposed:
+            # The outermost group under forward mode builds its override's vjp itself
+            # (sites/tangents.py); one nested in another group with rules cannot.
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "
-                f"({label}) and runs under forward-mode AD (jvp, jacfwd, hessian, forward_ad): a "
-                f"replacement backward has no forward-mode counterpart. Take derivatives of this "
-                f"group in reverse mode (jacrev, torch.autograd.grad), or turn its special cases off "
-                f"for this pass: ag.special_cases(False, groups=[{instance.name!r}])")
+                f"({label}) and runs under forward-mode AD (jvp, jacfwd, hessian, forward_ad) inside "
+                f"another group with rules, whose tangents come from torch.func transforms that an "
+                f"override cannot run in. Call it outside that group, take derivatives in reverse "
+                f"mode (torch.autograd.grad), or turn its special cases off for this pass: "
+                f"ag.special_cases(False, groups=[{instance.name!r}])")
         if torch._C._functorch.peek_interpreter_stack() is not None:
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "

@@ -12,7 +12,9 @@ whose ``jvp`` is the transpose of the group's own vjp, rules and all::
 no output's cotangent is zero, which a NaN-safe rule would otherwise treat as "nothing flows". So
 ``jacfwd`` equals ``jacrev`` by construction, for every kind of rule, and an exactly zero tangent
 stays zero wherever the double backward is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
-has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed.
+has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed. An
+override's vjp is ``where(check, replacement(u), automatic(u))``, built here from the rule's two
+functions, since the override's own ``autograd.Function`` cannot run under ``torch.func``.
 
 The price is a backward and a double backward of the group per forward-mode call; reverse mode
 pays one attribute read (:func:`active`).
@@ -31,7 +33,9 @@ from torch._C._functorch import TransformType, peek_interpreter_stack
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..errors import GroupError
+from ..errors import GroupError, RuleError
+from ..rules.kinds import Override, OverrideContext
+
 
 class _Local(threading.local):
     depth = 0  # how many transpositions this thread is inside
@@ -58,6 +62,12 @@ def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = 
     return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
 
 
+def _batched() -> bool:
+    """Whether a vmap runs around this call (jacfwd, hessian): no Python branch on data there."""
+    return peek_interpreter_stack() is not None and any(
+        i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+
+
 def transposing() -> bool:
     """Whether this thread is computing a group's tangents from its reverse mode: groups opened now
     run as in reverse mode, and their rules must be linear in ``grad``."""
@@ -73,12 +83,18 @@ def _transposing() -> Iterator[None]:
         _local.depth -= 1
 
 
+#: ``(args, kwargs, outputs) -> OverrideContext``: what an override sees of a call.
+Context = Callable[[tuple[Any, ...], dict[str, Any], tuple[torch.Tensor, ...]], OverrideContext]
+
+
 class _Call:
     """A group's call with its tensors taken out: ``plain`` runs the bare function (the forward
-    values), ``ruled`` the group with its rules (for the vjp)."""
+    values), ``ruled`` the group with its rules but its override (for the vjp); ``override`` and
+    ``context`` give the override's part."""
 
     def __init__(self, name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
-                 flat: list[Any], spec: Any, positions: list[int]) -> None:
+                 flat: list[Any], spec: Any, positions: list[int], override: Override | None,
+                 context: Context) -> None:
         self.name = name
         self.where = where
         self._plain = plain
@@ -86,6 +102,8 @@ class _Call:
         self._flat = flat
         self._spec = spec
         self._positions = positions
+        self._override = override
+        self._context = context
 
     def _arguments(self, tensors: tuple[torch.Tensor, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         values = list(self._flat)
@@ -113,7 +131,43 @@ class _Call:
     def vjp(self, inputs: tuple[torch.Tensor, ...], cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
         """The group's gradients of ``inputs`` for output ``cotangents``, its rules applied."""
         out, vjp_fn = torch.func.vjp(self.ruled, *inputs)[:2]
-        return vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+        automatic = vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+        if self._override is None:
+            return automatic
+        outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        return self._overridden(self._override, inputs, outputs, cotangents, automatic)
+
+    def _overridden(self, rule: Override, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...],
+                    cotangents: tuple[torch.Tensor, ...], automatic: tuple[Any, ...]) -> tuple[Any, ...]:
+        args, kwargs = self._arguments(inputs)
+        view = self._context(args, kwargs, tuple(o.detach() for o in outputs))
+        where = f"group {self.name!r} (created at {self.where}), rule {rule.label}"
+        try:
+            fired = rule.check(view)
+            if not isinstance(fired, torch.Tensor) or not _batched():
+                # A Python branch, where there is no vmap to forbid it: the path not taken stays
+                # out of the double backward, whose 0 * inf it would otherwise meet.
+                fired = bool(fired)
+        except Exception as e:
+            raise RuleError(f"{where}: the check raised {e!r}. Under vmap over the group's inputs "
+                            f"the values it reads are batched, and in forward-mode AD it must then "
+                            f"return its answer as a bool tensor, without bool() or .item() (see "
+                            f"docs/groups.md, 'Forward mode')") from e
+        if fired is False:
+            return automatic
+        try:
+            replaced = rule.backward_fn(view, *cotangents)  # type: ignore[misc]
+        except Exception as e:
+            raise RuleError(f"{where}: the replacement backward raised {e!r}") from e
+        replaced = list(replaced) if isinstance(replaced, (tuple, list)) else [replaced]
+        by_input = {id(x): g for x, g in zip(view.inputs, replaced)}
+        if fired is True:
+            return tuple(by_input.get(id(x)) for x in inputs)
+        # Under vmap both are computed and the check's tensor picks: the automatic gradient must
+        # then be finite where the check fires (a NaN-safe rule in the group sees to that).
+        return tuple(a if (r := by_input.get(id(x))) is None
+                     else torch.where(fired, r, torch.zeros_like(r) if a is None else a)
+                     for x, a in zip(inputs, automatic))
 
 
 class _Transposed(torch.autograd.Function):
@@ -160,14 +214,15 @@ class _Transposed(torch.autograd.Function):
 
 
 def run(name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
-        args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args: tuple[Any, ...], kwargs: dict[str, Any], override: Override | None, context: Context) -> Any:
     """Call group ``name`` under forward mode: ``plain(*args, **kwargs)`` gives its values,
-    ``ruled(args, kwargs)`` runs it with its rules; tangents and gradients flow through the group's
-    rules (see the module's docstring)."""
+    ``ruled(args, kwargs)`` runs it with its rules but ``override``, whose check and replacement
+    see ``context(args, kwargs, outputs)``; tangents and gradients flow through the group's rules
+    (see the module's docstring)."""
     flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(flat)
                  if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
-    call = _Call(name, where, plain, ruled, flat, spec, positions)
+    call = _Call(name, where, plain, ruled, flat, spec, positions, override, context)
     return _Transposed.apply(call, *(flat[i] for i in positions))
 
 
