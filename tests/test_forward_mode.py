@@ -69,7 +69,8 @@ def _tangents(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(x.shape, generator=g, dtype=F64) for x in xs)
 
 
-def _reverse(case: Case, fn: Callable[..., torch.Tensor], xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def _reverse(case: Case, fn: Callable[..., torch.Tensor],
+             xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
     if case.id.startswith(OVERRIDE):
         return tuple(torch.autograd.functional.jacobian(fn, xs))
     return tuple(jacrev(fn, argnums=tuple(range(len(xs))))(*xs))
@@ -229,8 +230,9 @@ def test_an_override_check_that_reads_data_works_until_its_inputs_are_batched() 
         torch.testing.assert_close(forward, torch.autograd.functional.jacobian(norm, ZERO_ROW))
         assert torch.isfinite(forward).all()
         # vmap over the inputs batches the values the check reads: it must answer with a tensor.
-        with pytest.raises(RuleError, match=r"group 'fm.override' .* the check raised .* Under vmap over "
-                                            r"the group's inputs .* must then return its answer as a bool tensor"):
+        with pytest.raises(RuleError, match=r"group 'fm.override' .* the check raised .* Under vmap "
+                                            r"over the group's inputs .* must then return its answer "
+                                            r"as a bool tensor"):
             vmap(jacfwd(norm))(ZERO_ROW[None])
 
 
