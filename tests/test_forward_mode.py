@@ -206,6 +206,10 @@ def test_an_override_gives_the_transpose_of_its_replacement() -> None:
         assert torch.isfinite(f).all()
         torch.testing.assert_close(f, r)
         torch.testing.assert_close(f, n)
+    # vmap over the inputs batches the values its (tensor) check reads: both paths, one where
+    batched = vmap(jacfwd(ops.pow, argnums=(0, 1)))(x[None], y[None])
+    for f, b in zip(forward, batched):
+        torch.testing.assert_close(b[0], f)
     with ag.special_cases(False, groups=["ops.pow"]):  # the plain composite: NaN at the zero base
         assert jacfwd(ops.pow)(x, y)[:2].isnan().all()
 

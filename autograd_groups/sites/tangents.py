@@ -62,10 +62,16 @@ def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = 
     return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
 
 
-def _batched() -> bool:
-    """Whether a vmap runs around this call (jacfwd, hessian): no Python branch on data there."""
-    return peek_interpreter_stack() is not None and any(
-        i.key() == TransformType.Vmap for i in retrieve_all_functorch_interpreters())
+def _decided(answer: Any) -> bool | torch.Tensor:
+    """An override check's answer as a Python bool where it can be one: the path not taken then
+    stays out of the double backward, whose ``0 * inf`` it would otherwise meet. A tensor batched
+    by vmap (over the group's inputs) cannot be: it stays a tensor, for ``torch.where``."""
+    if not isinstance(answer, torch.Tensor):
+        return bool(answer)
+    try:
+        return bool(answer)
+    except RuntimeError:  # vmap refuses data-dependent control flow
+        return answer
 
 
 def transposing() -> bool:
@@ -143,16 +149,13 @@ class _Call:
         view = self._context(args, kwargs, tuple(o.detach() for o in outputs))
         where = f"group {self.name!r} (created at {self.where}), rule {rule.label}"
         try:
-            fired = rule.check(view)
-            if not isinstance(fired, torch.Tensor) or not _batched():
-                # A Python branch, where there is no vmap to forbid it: the path not taken stays
-                # out of the double backward, whose 0 * inf it would otherwise meet.
-                fired = bool(fired)
+            answer = rule.check(view)
         except Exception as e:
             raise RuleError(f"{where}: the check raised {e!r}. Under vmap over the group's inputs "
                             f"the values it reads are batched, and in forward-mode AD it must then "
                             f"return its answer as a bool tensor, without bool() or .item() (see "
                             f"docs/groups.md, 'Forward mode')") from e
+        fired = _decided(answer)
         if fired is False:
             return automatic
         try:
