@@ -146,19 +146,19 @@ def test_a_registration_that_fails_midway_is_rolled_back(monkeypatch: pytest.Mon
     """Another thread registers group 'b' between the checks and the registration of this spec."""
     spec = ("- name: a(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n"
             "- name: b(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
-    real = loader.registry.register_rule
-    intruder = ag.NanSafe()
+    real = loader.registry.set_groups
+    intruder = ag.NanSafe(doc="the intruder")
 
-    def racing(group: str, rule: ag.NanSafe) -> object:
-        if group == "b":
-            real("b", intruder)
-        return real(group, rule)
+    def racing(groups: list[tuple[str, tuple[ag.NanSafe, ...], tuple[str, ...]]], replace: bool) -> object:
+        real([("b", (intruder,), ("elsewhere:1",))], False)
+        return real(groups, replace)
 
-    monkeypatch.setattr(loader.registry, "register_rule", racing)
+    monkeypatch.setattr(loader.registry, "set_groups", racing)
     with pytest.raises(ag.SpecError) as info:
         ag.load_spec(spec)
-    assert info.value.errors == [("<string>", 4, 19, "group 'b': nan_safe conflicts with the nan_safe rule "
-                                                      "already registered")]
+    assert info.value.errors == [("<string>", 3, 9, "group 'b' (from <string>:4:19) already has other rules, "
+                                                     "registered at elsewhere:1; pass replace=True to swap "
+                                                     "them")]
     assert "a" not in ag.list_rules() and ag.list_rules()["b"] == (intruder,)
 
 

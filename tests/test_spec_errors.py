@@ -157,11 +157,11 @@ def test_duplicate_group_in_one_load() -> None:
 
 
 def test_conflict_with_a_group_registered_from_python() -> None:
-    ag.register_rule("g", ag.NanSafe())
+    ag.register_rule("g", ag.NanSafe(doc="from Python"))
     spec = "- name: g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n"
     assert one_error(spec) == (1, 9, "group 'g' is already registered from Python (register_rule or a "
-                                     "decorator); a group has one source, so unload that one first or "
-                                     "rename this group")
+                                     "decorator) with other rules; a group has one source, so unload that "
+                                     "one first, rename this group, or pass replace=True to swap its rules")
 
 
 def test_conflict_with_a_group_of_another_spec_names_both(tmp_path: Path) -> None:
@@ -169,20 +169,21 @@ def test_conflict_with_a_group_of_another_spec_names_both(tmp_path: Path) -> Non
     first.write_text("# the first\n- name: g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
     ag.load_spec(first)
     second = tmp_path / "second.yaml"
-    second.write_text("- name:   g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
+    second.write_text("- name:   g(Tensor x) -> Tensor\n  special_cases: [nan_safe: {doc: other}]\n")
     with pytest.raises(ag.SpecError) as info:
         ag.load_spec(second)
     assert info.value.errors == [(str(second), 1, 11, f"group 'g' is already registered by the spec at "
-                                                      f"{first}:2:9; a group has one source, so unload that "
-                                                      f"one first or rename this group")]
+                                                      f"{first}:2:9 with other rules; a group has one "
+                                                      f"source, so unload that one first, rename this group, "
+                                                      f"or pass replace=True to swap its rules")]
     assert str(info.value) == f"{second}:1:11: {info.value.errors[0][3]}"
 
 
 def test_conflicting_rules_within_one_group() -> None:
     spec = ("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n"
             "    - nan_safe: {doc: again}\n")
-    assert one_error(spec) == (4, 7, "group 'g': nan_safe conflicts with the nan_safe rule already "
-                                     "registered (line 3)")
+    assert one_error(spec) == (4, 7, "group 'g': nan_safe conflicts with nan_safe (line 3): a group has "
+                                     "one nan_safe rule")
 
 
 def test_unknown_op_with_close_matches() -> None:

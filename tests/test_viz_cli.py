@@ -174,7 +174,7 @@ def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: 
     assert rows["hit"] == ["hit", str(steps), "0", str(steps), label, str(steps), str(steps * len(zeros)),
                            "keep on"]
     assert rows["miss"] == ["miss", str(steps), "0", str(steps), label, str(steps), "0", "can be off"]
-    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules"]
+    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules registered"]
     line = 'with ag.special_cases(False, groups=["miss"]):'
     assert line in done.stdout.splitlines()
     compile(line + "\n    pass\n", "<pasted>", "exec")

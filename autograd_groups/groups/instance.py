@@ -55,6 +55,8 @@ class GroupInstance:
         self._where = where
         self._task = -1
         self.hooks_pushed = False
+        #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
+        self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()
 
     @property
