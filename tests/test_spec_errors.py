@@ -6,6 +6,7 @@ test.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -361,3 +362,52 @@ def test_the_sentinel_does_detect_an_import(sentinel: Path) -> None:
     assert SENTINEL not in sys.modules and not sentinel.exists()
     ag.load_spec(spec)
     assert SENTINEL in sys.modules and sentinel.exists()
+
+
+# What the Python API refuses at registration, a spec refuses at load, with the position.
+
+def test_an_input_the_op_does_not_have() -> None:
+    spec = subgradient("'result == 0'", extra=", input: 3")
+    assert one_error(spec) == (*at(spec, 3, "3}"), "'input': input 3 is out of range: sqrt has 1 input "
+                                                   "(position 0, in the order of next_functions)")
+
+
+@pytest.mark.parametrize(("when", "needle", "message"), [
+    ("1", "1}", "'when' is the constant 1: it reads none of the op's values"),
+    ("true", "true}", "'when' is the constant True: it reads none of the op's values"),
+    ("'True'", "True'", "'when' is the constant True: it reads none of the op's values"),
+    ("result", "result}", "'when' must be an elementwise condition (a comparison such as 'result == 0', "
+                          "combined with &, | and ~), not a saved value ('result')"),
+    ("'result * 2'", "result *", "'when' must be an elementwise condition (a comparison such as 'result == "
+                                 "0', combined with &, | and ~), not a number ('result * 2')"),
+])
+def test_a_when_that_is_not_a_condition(when: str, needle: str, message: str) -> None:
+    spec = subgradient(when)
+    line, col, found = one_error(spec)
+    assert (line, col) == at(spec, 3, needle)
+    assert found.startswith(message)
+
+
+def test_rules_that_conflict_by_meaning_within_one_group() -> None:
+    spec = ("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+            "    - subgradient: {op: sqrt, when: 'result == 0', grad: 1}\n"
+            "    - subgradient: {op: sqrt, when: '(0==result)', grad: 2}\n"
+            "    - subgradient: {op: sqrt, when: 'result==0.0', grad: 1.0}\n")
+    assert errors(spec) == [
+        ("<string>", 4, 7, "group 'g': subgradient(sqrt: (0==result) -> 2) conflicts with subgradient(sqrt: "
+                           "result == 0 -> 1) (line 3): same op and condition, but a different grad"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) is the rule of line 3 again; "
+                           "remove one of them"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) conflicts with subgradient("
+                           "sqrt: (0==result) -> 2) (line 4): same op and condition, but a different grad"),
+    ]
+
+
+def test_a_python_rule_that_conflicts_with_a_loaded_one_names_the_spec_line(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(subgradient("'result == 0'"))
+    ag.load_spec(path)
+    with pytest.raises(ag.RuleError, match=re.escape(
+            f"conflicts with subgradient(sqrt: result == 0 -> 0) (registered at {path}:3:7): same op and "
+            f"condition, but a different grad")):
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=1))

@@ -168,7 +168,7 @@ class ForwardCheck(TorchFunctionMode):
         if not (nan and not had_nan) and not (inf and not had_nan and not had_inf):
             return
         inst = self.stack[-1]
-        op = name.strip("_")
+        op = name[2:-2] if name.startswith("__") and name.endswith("__") else name
         file, line = user_frame()
         source = linecache.getline(file, line).strip()
         shown = f" ({source})" if source else ""
