@@ -411,3 +411,11 @@ def test_a_python_rule_that_conflicts_with_a_loaded_one_names_the_spec_line(tmp_
             f"conflicts with subgradient(sqrt: result == 0 -> 0) (registered at {path}:3:7): same op and "
             f"condition, but a different grad")):
         ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=1))
+
+
+def test_a_group_level_condition_is_refused_where_it_is_written() -> None:
+    spec = subgradient("'(result == 0).any()'")
+    assert one_error(spec) == (*at(spec, 3, "(result"), "'when': method calls such as .any() are not allowed "
+                                                        "in an expression: it is computed elementwise, and a "
+                                                        "condition on the whole group belongs in an override "
+                                                        "rule")

@@ -259,6 +259,10 @@ def _compile(node: ast.AST, names: set[str], depth: int) -> Evaluator:
         left, right = _compile(node.left, names, depth), _compile(node.comparators[0], names, depth)
         return lambda env: cmp(left(env), right(env))
     if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute):
+            raise _fail(node, f"method calls such as .{node.func.attr}() are not allowed in an "
+                              f"expression: it is computed elementwise, and a condition on the whole "
+                              f"group belongs in an override rule")
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             called = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
             raise _fail(node, f"unknown function {called!r}; the functions are "
