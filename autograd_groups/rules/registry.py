@@ -126,8 +126,8 @@ def _origin(rule: Rule) -> str:
 def _clash(group: str, old: Rule, new: Rule, where: str, problem: str) -> RuleError:
     return RuleError(
         f"group {group!r}: {new.label} (from {where}) conflicts with {old.label} (registered at "
-        f"{_origin(old)}): {problem}. To swap them, pass replace=True (register_rule(..., replace=True) "
-        f"or load_spec(..., replace=True)); to keep both, give them different conditions")
+        f"{_origin(old)}): {problem}. To swap them, pass replace=True (to register_rule, special_case or "
+        f"load_spec); to keep both, give them different conditions")
 
 
 def _add(group: str, rule: Rule, replace: bool, where: str) -> Rule:
@@ -303,21 +303,25 @@ def registry_scope() -> Iterator[None]:
 class _SpecialCase(Override):
     """An override made by :func:`special_case`: registered under its group once it has a backward."""
 
-    def __init__(self, check: Callable[[OverrideContext], Any], group: str) -> None:
+    def __init__(self, check: Callable[[OverrideContext], Any], group: str, replace: bool) -> None:
         super().__init__(check)
         self.group = group
+        self.replace = replace
 
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator: set the replacement backward and register the rule under its group."""
         super().backward(fn)
-        register_rule(self.group, self)
+        register_rule(self.group, self, replace=self.replace)
         return fn
 
 
-def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Override]:
+def special_case(group: str, *,
+                 replace: bool = False) -> Callable[[Callable[[OverrideContext], Any]], Override]:
     """Decorator that makes an override rule of ``group`` from its checker.
 
-    Attach the replacement backward with ``@checker.backward``; the rule is registered then.
+    Attach the replacement backward with ``@checker.backward``; the rule is registered then. Its
+    functions are new objects each time the code runs, so running it again (a notebook cell)
+    conflicts with the override registered the first time: ``replace=True`` swaps it.
 
     >>> import torch, autograd_groups as ag
     >>> with ag.registry_scope():
@@ -338,6 +342,6 @@ def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Ove
                         f"name, not {group!r}{hint}")
 
     def make(check: Callable[[OverrideContext], Any]) -> Override:
-        return _SpecialCase(check, group)
+        return _SpecialCase(check, group, replace)
 
     return make
