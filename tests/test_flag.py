@@ -192,19 +192,19 @@ def test_the_override_decorator_given_a_bool_says_which_function_was_meant():
 
 
 def test_an_unknown_group_name_warns_once_naming_the_close_matches():
-    ag.register_rule("pairwise_gap", ag.NanSafe())
+    ag.register_rule("zq_spacing_rule", ag.NanSafe())
     ag.autograd_group("declared_rows")  # a group without rules is a known name too
     with pytest.warns(UserWarning) as record:
-        ag.set_special_cases(False, groups=["pairwise_gapp", "pairwise_gap", "declared_rows"])  # typo
-    assert not ag.is_special_cases_enabled("pairwise_gapp")
+        ag.set_special_cases(False, groups=["zq_spacing_rulle", "zq_spacing_rule", "declared_rows"])  # typo
+    assert not ag.is_special_cases_enabled("zq_spacing_rulle")
     assert [str(w.message) for w in record] == [
-        "special_cases(..., groups=[...]): no group is named 'pairwise_gapp': no rule is registered under "
+        "special_cases(..., groups=[...]): no group is named 'zq_spacing_rulle': no rule is registered under "
         "it and no autograd_group or tag has used it, so the setting changes nothing for it; did you mean "
-        "'pairwise_gap'?"]
+        "'zq_spacing_rule'?"]
     assert (record[0].filename, record[0].lineno) == (__file__, line_of(__file__, "# typo"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ag.set_special_cases(False, groups=["pairwise_gapp"])  # warned once already
+        ag.set_special_cases(False, groups=["zq_spacing_rulle"])  # warned once already
     with pytest.raises(TypeError, match="not one holding 3"):
         ag.special_cases(False, groups=[3])  # type: ignore[list-item]
 
