@@ -30,8 +30,9 @@ class SpecError(GroupError):
 
 class NonFiniteError(GroupError):
     """Inside ``detect_nonfinite()``, an op of a group produced a non-finite gradient from a finite
-    one; ``group``, ``instance``, ``op`` and ``where`` (the forward line that created the instance)
-    say where."""
+    one, or a non-finite forward value from inputs without one; ``group``, ``instance``, ``op`` and
+    ``where`` say where: for a gradient, the forward line that created the instance; for a forward
+    value, the line of the op."""
 
     def __init__(self, message: str, group: str, instance: str, op: str, where: str) -> None:
         super().__init__(message)

@@ -12,6 +12,7 @@ every thread that runs a node of the pass, so it holds on the engine's device th
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import threading
 import warnings
@@ -21,7 +22,9 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from .frames import user_frame
 from .observe import counters
+from .rules import registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,19 +58,45 @@ class FlagState:
     def with_setting(self, enabled: bool, groups: Iterable[str] | None) -> FlagState:
         """This state with ``enabled`` set for ``groups`` (all groups when None)."""
         if groups is None:
-            return FlagState(bool(enabled))
-        return FlagState(self.default, {**self.groups, **dict.fromkeys(_group_names(groups), bool(enabled))})
+            return FlagState(enabled)
+        return FlagState(self.default, {**self.groups, **dict.fromkeys(groups, enabled)})
 
 
 _ON = FlagState()
 _local = threading.local()
+_warned: set[str] = set()  # the unknown group names already warned about
+
+
+def _enabled(enabled: object) -> bool:
+    # As torch.set_grad_enabled: "off" or 0 would otherwise pass as a truthy or falsy value.
+    if not isinstance(enabled, bool):
+        raise TypeError(f"special_cases(enabled): enabled must be True or False, not {enabled!r}")
+    return enabled
 
 
 def _group_names(groups: Iterable[str]) -> tuple[str, ...]:
     if isinstance(groups, str):
         raise TypeError(f"groups must be a list of group names, not the string {groups!r}; "
                         f"write groups=[{groups!r}]")
-    return tuple(groups)
+    names = tuple(groups)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"groups must be a list of group names (strings), not one holding {name!r}")
+        if name not in _warned and not registry.is_known(name):
+            _warn_unknown(name)
+    return names
+
+
+def _warn_unknown(name: str) -> None:
+    """Warn, once per name, about a name no group has: a typo there would turn nothing off."""
+    _warned.add(name)
+    close = difflib.get_close_matches(name, sorted(registry.known_groups()), n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    file, line = user_frame()
+    warnings.warn_explicit(
+        f"special_cases(..., groups=[...]): no group is named {name!r}: no rule is registered under "
+        f"it and no autograd_group or tag has used it, so the setting changes nothing for it{hint}",
+        UserWarning, file, line)
 
 
 def current_state() -> FlagState:
@@ -130,7 +159,8 @@ def set_special_cases(enabled: bool, groups: Iterable[str] | None = None) -> Non
     (False, True)
     >>> ag.set_special_cases(True)
     """
-    _local.state = current_state().with_setting(enabled, groups)
+    names = None if groups is None else _group_names(groups)
+    _local.state = current_state().with_setting(_enabled(enabled), names)
 
 
 class special_cases:
@@ -152,7 +182,7 @@ class special_cases:
                  during: Literal["forward", "backward"] = "forward") -> None:
         if during not in ("forward", "backward"):
             raise ValueError(f"special_cases(during={during!r}): use 'forward' or 'backward'")
-        self.enabled = bool(enabled)
+        self.enabled = _enabled(enabled)
         self.groups = None if groups is None else _group_names(groups)
         self.during = during
         self._saved: list[Any] = []

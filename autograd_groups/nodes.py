@@ -23,11 +23,18 @@ _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
 @dataclass(frozen=True)
 class OpInfo:
-    """One op as autograd knows it: its name and the values its backward nodes save."""
+    """One op as autograd knows it: its name, the values its backward nodes save, whether it is
+    elementwise, and how many inputs its nodes have at most (None: not known, or a list of tensors).
+
+    ``inputs`` counts the tensor arguments of the op's ATen schemas, so it can exceed the inputs a
+    node really has (``where``'s ``condition`` is a tensor without a gradient): it bounds a rule's
+    ``input`` at registration, and the node itself bounds it at backward.
+    """
 
     name: str
     saved: frozenset[str]
     pointwise: bool
+    inputs: int | None
 
 
 def op_key(name: str) -> str:
@@ -40,13 +47,22 @@ def op_name_of_class(class_name: str) -> str:
     return _CAMEL.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
 
 
-@functools.cache
-def _is_pointwise(name: str) -> bool:
+def _schema_facts(name: str) -> tuple[bool, int | None]:
+    """Whether the ATen op ``name`` is pointwise, and the most tensor inputs one of its overloads
+    takes (None for an op that is not in ATen or takes a list of tensors)."""
     try:
         packet = getattr(torch.ops.aten, name)
     except (AttributeError, RuntimeError):
-        return False
-    return any(torch.Tag.pointwise in getattr(packet, o).tags for o in packet.overloads())
+        return False, None
+    overloads = [getattr(packet, o) for o in packet.overloads()]
+    counts: list[int] = []
+    for overload in overloads:
+        types = [str(a.type) for a in overload._schema.arguments if not a.is_out]
+        if any("List[" in t and "Tensor" in t for t in types):
+            return any(torch.Tag.pointwise in o.tags for o in overloads), None
+        counts.append(sum(t in ("Tensor", "Optional[Tensor]") for t in types))
+    pointwise = any(torch.Tag.pointwise in o.tags for o in overloads)
+    return pointwise, (max(counts) or None) if counts else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -59,8 +75,7 @@ def catalogue() -> dict[str, OpInfo]:
         name = op_name_of_class(class_name)
         cls = getattr(torch._C._functions, class_name)
         found.setdefault(op_key(name), (name, set()))[1].update(_saved_of_class(cls))
-    return {key: OpInfo(name, frozenset(saved), _is_pointwise(name))
-            for key, (name, saved) in found.items()}
+    return {key: OpInfo(name, frozenset(saved), *_schema_facts(name)) for key, (name, saved) in found.items()}
 
 
 def resolve_op(op: str) -> OpInfo:

@@ -32,6 +32,13 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
+def line_of(file: str, marker: str) -> int:
+    """The line of ``file`` that holds ``marker`` (a comment), so that a test can check a line the
+    library reports."""
+    lines = Path(file).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text and "line_of" not in text)
+
+
 @pytest.fixture(autouse=True)
 def _clean_state():
     ag.set_special_cases(True)

@@ -3,7 +3,6 @@ unchanged gradients when everything is finite."""
 
 from __future__ import annotations
 
-import inspect
 import threading
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import autograd_groups as ag
+from conftest import line_of
 
 
 @ag.autograd_group("planted")
@@ -28,19 +28,13 @@ def rooted_sum(x: torch.Tensor) -> torch.Tensor:
     return root(x - 1).sum()
 
 
-def line_of(marker: str) -> int:
-    """The line of this file that holds ``marker`` (a comment), so the test can check ``where``."""
-    lines = inspect.getsource(inspect.getmodule(line_of)).splitlines()  # type: ignore[arg-type]
-    return next(i for i, text in enumerate(lines, 1) if marker in text and "line_of" not in text)
-
-
 def test_planted_nan_names_group_op_and_forward_line() -> None:
     x = torch.ones(2, 3, requires_grad=True)
     with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
         planted(x).sum().backward()  # planted-call
     error = caught.value
     assert isinstance(error, ag.GroupError)
-    where = f"{__file__}:{line_of('# planted-call')}"
+    where = f"{__file__}:{line_of(__file__, '# planted-call')}"
     assert (error.group, error.op, error.where) == ("planted", "mul", where)
     assert str(error).startswith(f"non-finite gradient in group 'planted' (created at {where}): op mul "
                                  f"(MulBackward0) received a finite gradient and produced 6 NaN/inf of 6 "
@@ -53,7 +47,7 @@ def test_innermost_instance_is_named_for_a_nested_singularity() -> None:
         rooted_sum(x).backward()
     error = caught.value
     assert (error.group, error.op) == ("root", "sqrt")
-    assert error.where == f"{__file__}:{line_of('return root(x - 1).sum()')}"
+    assert error.where == f"{__file__}:{line_of(__file__, 'return root(x - 1).sum()')}"
     assert "1 NaN/inf of 3 elements" in str(error)
 
 
@@ -143,3 +137,77 @@ def test_backward_on_another_thread_is_checked() -> None:
         worker.start()
         worker.join()
     assert [type(e) for e in caught] == [ag.NonFiniteError]
+
+
+# A NaN made in the forward pass is named where it is made: no gradient rule can fix it.
+
+@ag.autograd_group("unit")
+def unit(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt((x * x).sum())  # unit-div
+
+
+def test_a_forward_nan_names_group_op_and_the_users_line() -> None:
+    x = torch.zeros(3, requires_grad=True)
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
+        unit(x)  # unit-call
+    error = caught.value
+    where = f"{__file__}:{line_of(__file__, '# unit-div')}"
+    assert (error.group, error.op, error.where) == ("unit", "div", where)
+    assert str(error).startswith(
+        f"non-finite value in the forward of group 'unit' (created at {__file__}:"
+        f"{line_of(__file__, '# unit-call')}): op div at {where} (return x / torch.sqrt((x * x).sum())  # "
+        f"unit-div) made 3 NaN/inf of 3 elements from inputs without NaN. No gradient rule can fix a "
+        f"forward value")
+    assert torch._C._len_torch_function_stack() == 0  # the check is gone with the group
+
+
+def test_a_rule_does_not_hide_a_forward_nan() -> None:
+    ag.register_rule("unit", ag.NanSafe())
+    x = torch.zeros(3, requires_grad=True)
+    assert unit(x).isnan().all()  # whatever the rules do to gradients, the value is 0 / 0
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError, match="op div"):
+        unit(x)
+
+
+@pytest.mark.parametrize(("make", "op"), [
+    (lambda x: torch.log(x), "log"),
+    (lambda x: x.clone().log_(), "log_"),
+    (lambda x: torch.exp(x + 100), "exp"),
+    (lambda x: 1 / x, "rdiv"),
+])
+def test_ops_that_make_infinities_from_finite_inputs(make, op) -> None:
+    x = torch.zeros(2, requires_grad=True)
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError, match=f"op {op} at .* from finite inputs"):
+        ag.autograd_group("made")(make)(x)
+
+
+def test_a_nan_from_infinities_is_named_and_infinities_passed_on_are_not() -> None:
+    scores = torch.tensor([[0.0, 1.0], [-torch.inf, -torch.inf]], requires_grad=True)
+    with ag.detect_nonfinite():
+        with ag.autograd_group("masked"):
+            masked = torch.zeros(2, 2).masked_fill(torch.tensor([[False, True], [True, True]]), -torch.inf)
+            shifted = (scores + 1).amax(-1)  # -inf in, -inf out: passed on, not made
+        assert torch.isinf(masked).sum() == 3 and torch.isinf(shifted).sum() == 1
+        with pytest.raises(ag.NonFiniteError, match="op sub at .* from inputs without NaN"), \
+                ag.autograd_group("logsumexp"):
+            m = scores.amax(-1, keepdim=True)
+            scores - m  # -inf - (-inf)
+
+
+def test_the_forward_check_can_be_left_out_and_ops_outside_groups_are_not_checked() -> None:
+    x = torch.zeros(3, requires_grad=True)
+    with ag.detect_nonfinite(forward=False):
+        assert unit(x).isnan().all()
+    with ag.detect_nonfinite():
+        assert (x / x).isnan().all()
+
+
+def test_the_innermost_group_is_named_for_a_forward_nan() -> None:
+    @ag.autograd_group("outer_norm")
+    def outer(x: torch.Tensor) -> torch.Tensor:
+        return unit(x) * 2
+
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
+        outer(torch.zeros(2))
+    assert caught.value.group == "unit"
+    assert torch._C._len_torch_function_stack() == 0

@@ -102,3 +102,73 @@ def test_list_without_spec_shows_the_registered_groups() -> None:
 
     shown = {row[0].split("(")[0] for row in table_rows(done.stdout)}
     assert set(ag.list_rules()) <= shown
+
+
+def test_check_refuses_what_would_fail_at_every_backward(tmp_path: Path) -> None:
+    forms = ["1", "true", "'True'", "result", "'result * 2'"]
+    spec = tmp_path / "when.yaml"
+    spec.write_text("".join(f"- name: g{k}(Tensor x) -> Tensor\n  special_cases:\n"
+                            f"    - subgradient: {{op: sqrt, when: {when}, grad: 0}}\n"
+                            for k, when in enumerate(forms)))
+    inputs = tmp_path / "input.yaml"
+    inputs.write_text("- name: h(Tensor x) -> Tensor\n  special_cases:\n"
+                      "    - subgradient: {op: sqrt, when: result == 0, grad: 0, input: 3}\n")
+    done = cli("check", str(spec), str(inputs))
+    assert done.returncode == 1
+    found = [ERROR_LINE.match(line) for line in done.stdout.splitlines()]
+    assert all(found) and len(found) == 6
+    lines = spec.read_text().splitlines()
+    for k, (when, match) in enumerate(zip(forms, found)):
+        assert match is not None and match["file"] == str(spec)
+        assert (int(match["line"]), int(match["col"])) == (3 * k + 3, lines[3 * k + 2].index(when) + 1 +
+                                                           (when[0] == "'"))
+    assert [m["message"].split(":")[0] for m in found[:5] if m is not None] == [
+        "'when' is the constant 1", "'when' is the constant True", "'when' is the constant True",
+        "'when' must be an elementwise condition (a comparison such as 'result == 0', combined with &, | "
+        "and ~), not a saved value ('result')",
+        "'when' must be an elementwise condition (a comparison such as 'result == 0', combined with &, | "
+        "and ~), not a number ('result * 2')"]
+    assert found[5] is not None and found[5]["message"] == (
+        "'input': input 3 is out of range: sqrt has 1 input (position 0, in the order of next_functions)")
+
+
+def bare_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it from ``cwd``, with no PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", "autograd_groups.cli", *args], cwd=cwd, env={**env,
+                          "COLUMNS": "200"}, capture_output=True, text=True, timeout=300)
+
+
+def test_check_runs_no_code_unless_asked_and_finds_modules_next_to_the_spec(tmp_path: Path) -> None:
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    marker = tmp_path / "imported"
+    (folder / "ag_writes_on_import.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n\ndef check(ctx):\n    return True\n\n"
+        f"def backward(ctx, grad):\n    return grad\n")
+    spec = folder / "writes.yaml"
+    spec.write_text("".join(f"- name: {group}(Tensor x) -> Tensor\n  special_cases:\n"
+                            f"    - override: {{check: 'ag_writes_on_import:{check}', "
+                            f"backward: 'ag_writes_on_import:backward'}}\n"
+                            for group, check in (("g", "check"), ("h", "nope"))))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = bare_cli(elsewhere, "check", str(spec))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists()
+    done = bare_cli(elsewhere, "check", "--imports", str(spec))
+    assert done.returncode == 1 and marker.exists()
+    col = spec.read_text().splitlines()[5].index("nope") + 1
+    assert done.stdout.splitlines() == [
+        f"{spec}:6:{col}: 'check': module 'ag_writes_on_import' has no 'nope'"]
+    done = bare_cli(elsewhere, "check", str(ROOT / "examples" / "specs" / "safe_norm.yaml"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    missing = folder / "missing.yaml"
+    missing.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+                       "    - override: {check: 'ag_not_here.sub:check', backward: 'ag_not_here:b'}\n")
+    done = bare_cli(elsewhere, "check", str(missing))
+    assert done.returncode == 1
+    col = missing.read_text().splitlines()[2].index("ag_not_here.sub") + 1
+    assert done.stdout.splitlines()[0] == (
+        f"{missing}:3:{col}: 'check': cannot find module 'ag_not_here.sub' in the spec's folder {folder} and "
+        f"sys.path (looked up without importing it; check with --imports to import it)")

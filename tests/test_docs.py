@@ -57,14 +57,16 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         pytest.skip(f"{_name(page)} has no python blocks")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
-    with ag.registry_scope():
-        for line, code in blocks:
-            # Padding with newlines makes tracebacks point at the line in the Markdown file.
-            exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
-    if "torch._dynamo" in sys.modules:
-        # A page's compiled functions keep what they traced, group instances included: free them,
-        # as tests/test_compile.py does, so that test_memory.py counts from zero.
-        torch._dynamo.reset()
+    try:
+        with ag.registry_scope():
+            for line, code in blocks:
+                # Padding with newlines makes tracebacks point at the line in the Markdown file.
+                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+    finally:
+        if "torch._dynamo" in sys.modules:
+            # A page's compiled functions live in Dynamo's caches with the group instances and
+            # rule sites they traced; tests/test_memory.py, later in the same worker, counts those.
+            torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

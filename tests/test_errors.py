@@ -43,8 +43,8 @@ def run_sqrt_group(name: str, rule: ag.Subgradient) -> None:
 def test_rule_returning_the_wrong_shape_fails_at_backward_naming_group_and_rule():
     rule = ag.Subgradient(op="sqrt", when="result == 0", grad=lambda result: torch.zeros(5))
     with pytest.raises(ag.RuleError, match=re.escape(
-            "rule subgradient(sqrt: result == 0 -> <lambda>), at op sqrt: 'grad' returned shape (5,), "
-            "but the gradient of input 0 has shape (3, 4)")) as info:
+            "rule subgradient(sqrt: result == 0 -> <lambda>), at op sqrt: 'grad' gave a value of shape "
+            "(5,), but the gradient of input 0 it replaces has shape (3, 4)")) as info:
         run_sqrt_group("wrong_shape", rule)
     assert str(info.value).startswith("group 'wrong_shape' (created at ")
     assert "test_errors.py:" in str(info.value)
@@ -59,8 +59,8 @@ def test_when_must_give_a_bool_tensor():
 
 def test_when_with_the_wrong_shape_fails():
     rule = ag.Subgradient(op="sqrt", when=lambda result: torch.ones(7, dtype=torch.bool), grad=0)
-    with pytest.raises(ag.RuleError, match=re.escape("'when' gave shape (7,), which does not fit the "
-                                                     "gradient of input 0 of shape (3, 4)")):
+    with pytest.raises(ag.RuleError, match=re.escape("'when' gave a mask of shape (7,), but the gradient "
+                                                     "of input 0 it replaces has shape (3, 4)")):
         run_sqrt_group("mask_shape", rule)
 
 
@@ -74,14 +74,15 @@ def test_a_rule_that_raises_is_reported_with_its_group():
 
 def test_conflicting_and_duplicate_registrations():
     rule = ag.Subgradient(op="sqrt", when="result == 0", grad=0)
-    ag.register_rule("g", rule)
-    with pytest.raises(ag.RuleError, match="is already registered"):
-        ag.register_rule("g", rule)
-    with pytest.raises(ag.RuleError, match="same op, same condition, same input"):
+    assert ag.register_rule("g", rule) is rule
+    assert ag.register_rule("g", rule) is rule
+    with pytest.raises(ag.RuleError, match="same op and condition, but a different grad"):
         ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))
-    ag.register_rule("g", ag.NanSafe())
-    with pytest.raises(ag.RuleError, match="conflicts with the nan_safe rule already registered"):
-        ag.register_rule("g", ag.NanSafe())
+    safe = ag.register_rule("g", ag.NanSafe())
+    assert ag.register_rule("g", ag.NanSafe()) is safe
+    with pytest.raises(ag.RuleError, match="a group has one nan_safe rule"):
+        ag.register_rule("g", ag.NanSafe(doc="another"))
+    assert ag.list_rules()["g"] == (rule, safe)
 
 
 def test_bad_registrations_are_refused():
@@ -106,3 +107,98 @@ def test_groups_closed_out_of_order():
             outer.__exit__(None, None, None)
         inner.__exit__(None, None, None)
         outer.__exit__(None, None, None)
+
+
+# Elementwise means elementwise: a mask or value that broadcasts onto the gradient is an error.
+
+def norm_rows(name: str, rule: ag.Subgradient) -> torch.Tensor:
+    ag.register_rule(name, rule)
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad=True)
+    ag.autograd_group(name)(lambda x: x.pow(2).sum(-1).sqrt())(x).sum().backward()
+    return x.grad
+
+
+@pytest.mark.parametrize(("when", "shape"), [
+    (lambda result: (result == 0).any(), "()"),
+    (lambda result: (result == 0)[:1], "(1,)"),
+])
+def test_a_mask_that_broadcasts_onto_the_gradient_is_refused(when, shape):
+    with pytest.raises(ag.RuleError) as info:
+        norm_rows("any_zero", ag.Subgradient(op="sqrt", when=when, grad=0))
+    message = str(info.value)
+    assert message.startswith("group 'any_zero' (created at ")
+    assert (f"rule subgradient(sqrt: <lambda> -> 0), at op sqrt: 'when' gave a mask of shape {shape}, "
+            f"but the gradient of input 0 it replaces has shape (2,)") in message
+    assert "use an override rule (@ag.special_case('any_zero'))" in message
+
+
+def test_an_elementwise_mask_gives_the_right_gradient_row_by_row():
+    grad = norm_rows("rows", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    reference = torch.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad=True)
+    torch.linalg.vector_norm(reference, dim=-1).sum().backward()
+    torch.testing.assert_close(grad, reference.grad)
+    torch.testing.assert_close(grad[1], torch.tensor([0.6, 0.8]))
+
+
+def test_a_value_that_broadcasts_onto_the_gradient_is_refused():
+    rule = ag.Subgradient(op="sqrt", when="result == 0", grad=lambda result: result.sum())
+    with pytest.raises(ag.RuleError, match=re.escape("'grad' gave a value of shape (), but the gradient of "
+                                                     "input 0 it replaces has shape (2,)")):
+        norm_rows("summed", rule)
+
+
+def test_a_mask_of_an_input_the_op_broadcast_applies_along_the_broadcast():
+    # a (2, 1) * b (2, 3): the op broadcast a along dim 1, so a mask over a fits b's gradient too.
+    ag.register_rule("scaled", ag.Subgradient(op="mul", when="self == 0", grad=0))
+    a = torch.tensor([[0.0], [2.0]], requires_grad=True)
+    b = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    ag.autograd_group("scaled")(lambda a, b: a * b)(a, b).sum().backward()
+    a_plain, b_plain = a.detach().requires_grad_(), b.detach().requires_grad_()
+    (a_plain * b_plain).sum().backward()
+    keep = (a.detach() != 0).to(a.dtype)
+    torch.testing.assert_close(a.grad, a_plain.grad * keep)
+    torch.testing.assert_close(b.grad, b_plain.grad * keep)
+    assert torch.equal(b.grad, torch.tensor([[0.0, 0.0, 0.0], [2.0, 2.0, 2.0]]))
+
+
+def test_a_mask_over_the_output_does_not_fit_a_broadcast_input():
+    ag.register_rule("wide", ag.Subgradient(op="mul", when="grad == 0", grad=0, input=0))
+    a = torch.ones(2, 1, requires_grad=True)
+    b = torch.ones(2, 3, requires_grad=True)
+    with pytest.raises(ag.RuleError, match=re.escape("'when' gave a mask of shape (2, 3), but the gradient "
+                                                     "of input 0 it replaces has shape (2, 1)")):
+        ag.autograd_group("wide")(lambda a, b: a * b)(a, b).sum().backward()
+
+
+# What can be known at registration is checked there.
+
+def test_an_input_the_op_does_not_have_is_refused_at_registration():
+    with pytest.raises(ag.RuleError, match=re.escape(
+            "the sqrt rule: input 3 is out of range: sqrt has 1 input (position 0, in the order of "
+            "next_functions)")):
+        ag.Subgradient(op="sqrt", when="result == 0", grad=0, input=3)
+    with pytest.raises(ag.RuleError, match=re.escape("pow has 2 inputs (positions 0 to 1")):
+        ag.Subgradient(op="pow", when="self == 0", grad=0, input=2)
+    assert ag.Subgradient(op="pow", when="self == 0", grad=0, input=1).input == 1
+
+
+@pytest.mark.parametrize(("when", "message"), [
+    (1, "is the constant 1: it reads none of the op's values"),
+    (True, "is the constant True: it reads none of the op's values"),
+    ("True", "is the constant True: it reads none of the op's values"),
+    ("1 == 1", "is the constant 1 == 1: it reads none of the op's values"),
+    ("result", "must be an elementwise condition (a comparison such as 'result == 0', combined with &, | "
+               "and ~), not a saved value ('result')"),
+    ("result * 2", "must be an elementwise condition (a comparison such as 'result == 0', combined with "
+                   "&, | and ~), not a number ('result * 2')"),
+    ("where(result == 0, grad, result)", "not a number ('where(result == 0, grad, result)')"),
+])
+def test_a_when_that_cannot_be_a_condition_is_refused_at_registration(when, message):
+    with pytest.raises(ag.RuleError, match="^'when' of the sqrt rule .*" + re.escape(message)):
+        ag.Subgradient(op="sqrt", when=when, grad=0)
+
+
+@pytest.mark.parametrize("when", ["result == 0", "~(result > 0)", "isnan(grad) | (result <= 1e-30)",
+                                  "where(grad == 0, result == 0, result < 0)"])
+def test_conditions_are_accepted(when):
+    assert ag.Subgradient(op="sqrt", when=when, grad=0).when == when

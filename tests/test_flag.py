@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import warnings
 
 import pytest
 import torch
 
 import autograd_groups as ag
 from autograd_groups.sites import hooks
+from conftest import line_of
 
 
 @pytest.fixture
@@ -107,7 +110,9 @@ def test_during_backward_turns_off_rules_recorded_on(cdist_example, points):
 
 def test_during_backward_for_other_groups_leaves_this_one_on(cdist_example, points):
     loss, x1, _ = loss_and_inputs(cdist_example.grouped_cdist, points)
-    with ag.special_cases(False, groups=["elsewhere"], during="backward"):
+    with pytest.warns(UserWarning, match="no group is named 'elsewhere'"):
+        scope = ag.special_cases(False, groups=["elsewhere"], during="backward")
+    with scope:
         loss.backward()
     assert torch.isfinite(x1.grad).all()
 
@@ -165,3 +170,50 @@ def test_bad_arguments_are_refused():
         ag.special_cases(False, during="sideways")
     with pytest.raises(TypeError, match=r"groups=\['cdist'\]"):
         ag.special_cases(False, groups="cdist")
+
+
+# Typos are errors, or at least warnings.
+
+@pytest.mark.parametrize("enabled", ["off", "False", 0, 1, None])
+def test_enabled_must_be_a_bool(enabled):
+    message = re.escape(f"special_cases(enabled): enabled must be True or False, not {enabled!r}")
+    with pytest.raises(TypeError, match=message):
+        ag.special_cases(enabled)
+    with pytest.raises(TypeError, match=message):
+        ag.set_special_cases(enabled)
+    assert ag.is_special_cases_enabled()
+
+
+def test_the_override_decorator_given_a_bool_says_which_function_was_meant():
+    with pytest.raises(TypeError, match=re.escape(
+            "special_case(group) is the decorator of an override rule and takes a group name, not False "
+            "(to turn special cases on or off, use ag.special_cases(enabled), plural)")):
+        ag.special_case(False)  # type: ignore[arg-type]  # as in `with ag.special_case(False):`
+
+
+def test_an_unknown_group_name_warns_once_naming_the_close_matches():
+    ag.register_rule("zq_spacing_rule", ag.NanSafe())
+    ag.autograd_group("declared_rows")  # a group without rules is a known name too
+    with pytest.warns(UserWarning) as record:
+        ag.set_special_cases(False, groups=["zq_spacing_rulle", "zq_spacing_rule", "declared_rows"])  # typo
+    assert not ag.is_special_cases_enabled("zq_spacing_rulle")
+    assert [str(w.message) for w in record] == [
+        "special_cases(..., groups=[...]): no group is named 'zq_spacing_rulle': no rule is registered under "
+        "it and no autograd_group or tag has used it, so the setting changes nothing for it; did you mean "
+        "'zq_spacing_rule'?"]
+    assert (record[0].filename, record[0].lineno) == (__file__, line_of(__file__, "# typo"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ag.set_special_cases(False, groups=["zq_spacing_rulle"])  # warned once already
+    with pytest.raises(TypeError, match="not one holding 3"):
+        ag.special_cases(False, groups=[3])  # type: ignore[list-item]
+
+
+def test_stats_show_a_group_with_no_rules_registered():
+    ag.register_rule("spelled_right", ag.NanSafe())
+    x = torch.ones(2, requires_grad=True)
+    ag.autograd_group("spelled_rihgt")(torch.sqrt)(x).sum().backward()
+    ag.autograd_group("spelled_right")(torch.sqrt)(x).sum().backward()
+    stats = ag.stats()
+    assert stats["spelled_rihgt"]["registered"] is False and stats["spelled_rihgt"]["instances"] == 1
+    assert stats["spelled_right"]["registered"] is True

@@ -108,3 +108,23 @@ def test_second_override_on_a_group_conflicts(safe_norm):
     rule = ag.Override(check=lambda ctx: True, backward=lambda ctx, g: g)
     with pytest.raises(ag.RuleError, match="a group has at most one override"):
         ag.register_rule("safe_norm", rule)
+
+
+def test_running_a_special_case_cell_again_needs_replace():
+    def define(replace: bool) -> ag.Override:
+        @ag.special_case("rerun_norm", replace=replace)
+        def is_zero(ctx):
+            return bool((ctx.outputs[0] == 0).any())
+
+        @is_zero.backward
+        def zero(ctx, grad):
+            return torch.zeros_like(ctx.inputs[0])
+
+        return is_zero
+
+    define(replace=False)
+    with pytest.raises(ag.RuleError, match="a group has at most one override. To swap them, pass "
+                                           "replace=True"):
+        define(replace=False)  # new function objects: another override, as far as anyone can tell
+    second = define(replace=True)
+    assert ag.list_rules()["rerun_norm"] == (second,)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 import autograd_groups as ag
+from autograd_groups.rules import registry
+from conftest import line_of
 
 
 def test_rules_are_listed_in_registration_order():
@@ -55,3 +58,65 @@ def test_registering_while_another_thread_runs_backward(cdist_example):
     trainer.join()
     assert failures == []
     assert len(ag.list_rules()["stress"]) == 300
+
+
+# Conflicts by meaning; a notebook cell may run twice.
+
+@pytest.mark.parametrize("spelling", ["result==0", "0 == result", "(result == 0)", "result == 0.0",
+                                      "((result) == (0))"])
+def test_the_same_condition_spelled_differently_conflicts_naming_both_and_where(spelling):
+    first = ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))  # first-rule
+    with pytest.raises(ag.RuleError) as info:
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when=spelling, grad=2))  # second-rule
+    message = str(info.value)
+    first_line, second_line = line_of(__file__, "# first-rule"), line_of(__file__, "# second-rule")
+    assert message.startswith(f"group 'g': subgradient(sqrt: {spelling} -> 2) (from {__file__}:"
+                              f"{second_line}) conflicts with subgradient(sqrt: result == 0 -> 1) "
+                              f"(registered at {__file__}:{first_line}): same op and condition, but a "
+                              f"different grad.")
+    assert "pass replace=True" in message
+    assert ag.list_rules()["g"] == (first,)
+
+
+def test_running_a_registration_again_is_a_no_op():
+    before = registry.generation()
+    for _ in range(2):  # a notebook cell, run twice
+        rule = ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+        ag.register_rule("g", ag.NanSafe())
+    (registered, nan_safe) = ag.list_rules()["g"]
+    assert rule is registered and isinstance(nan_safe, ag.NanSafe)
+    generation = registry.generation()
+    assert generation > before
+    assert ag.register_rule("g", ag.Subgradient(op="sqrt", when="0==result", grad=0.0)) is registered
+    assert registry.generation() == generation  # nothing changed: compiled code need not recompile
+
+
+def test_callables_are_the_same_rule_only_when_they_are_the_same_object():
+    def at_zero(result):
+        return result == 0
+
+    rule = ag.register_rule("g", ag.Subgradient(op="sqrt", when=at_zero, grad=0))
+    assert ag.register_rule("g", ag.Subgradient(op="sqrt", when=at_zero, grad=0)) is rule
+    with pytest.raises(ag.RuleError, match="conflicts with"):
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when=at_zero, grad=lambda grad: grad * 0))
+    other = ag.register_rule("g", ag.Subgradient(op="sqrt", when=lambda result: result == 0, grad=0))
+    assert ag.list_rules()["g"] == (rule, other)  # another condition, as far as anyone can tell
+
+
+def test_replace_swaps_a_conflicting_rule_in_place():
+    ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))
+    safe = ag.register_rule("g", ag.NanSafe())
+    new = ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=0), replace=True)
+    assert ag.list_rules()["g"] == (new, safe)
+    x = torch.zeros(2, requires_grad=True)
+    ag.autograd_group("g")(lambda x: x.sqrt())(x).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(2))
+
+
+def test_different_conditions_and_inputs_do_not_conflict():
+    rules = [ag.Subgradient(op="pow", when="self == 0", grad=0, input=0),
+             ag.Subgradient(op="pow", when="self == 0", grad=1, input=1),
+             ag.Subgradient(op="pow", when="self < 0", grad=0)]
+    assert [ag.register_rule("g", r) for r in rules] == rules
+    with pytest.raises(ag.RuleError, match="same op and condition, but a different grad and input"):
+        ag.register_rule("g", ag.Subgradient(op="pow", when="0 == self", grad=2))

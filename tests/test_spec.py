@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import zipfile
 from pathlib import Path
 
@@ -146,19 +147,19 @@ def test_a_registration_that_fails_midway_is_rolled_back(monkeypatch: pytest.Mon
     """Another thread registers group 'b' between the checks and the registration of this spec."""
     spec = ("- name: a(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n"
             "- name: b(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
-    real = loader.registry.register_rule
-    intruder = ag.NanSafe()
+    real = loader.registry.set_groups
+    intruder = ag.NanSafe(doc="the intruder")
 
-    def racing(group: str, rule: ag.NanSafe) -> object:
-        if group == "b":
-            real("b", intruder)
-        return real(group, rule)
+    def racing(groups: list[tuple[str, tuple[ag.NanSafe, ...], tuple[str, ...]]], replace: bool) -> object:
+        real([("b", (intruder,), ("elsewhere:1",))], False)
+        return real(groups, replace)
 
-    monkeypatch.setattr(loader.registry, "register_rule", racing)
+    monkeypatch.setattr(loader.registry, "set_groups", racing)
     with pytest.raises(ag.SpecError) as info:
         ag.load_spec(spec)
-    assert info.value.errors == [("<string>", 4, 19, "group 'b': nan_safe conflicts with the nan_safe rule "
-                                                      "already registered")]
+    assert info.value.errors == [("<string>", 3, 9, "group 'b' (from <string>:4:19) already has other rules, "
+                                                     "registered at elsewhere:1; pass replace=True to swap "
+                                                     "them")]
     assert "a" not in ag.list_rules() and ag.list_rules()["b"] == (intruder,)
 
 
@@ -205,3 +206,71 @@ def test_documented_keys_are_exactly_the_schema_keys() -> None:
                 | {"subgradient", "override"})
     assert documented == expected
 
+
+
+# A notebook cell that loads a spec may run again; replace=True swaps a group's rules.
+
+def test_loading_the_same_spec_again_is_a_no_op(tmp_path: Path) -> None:
+    path = tmp_path / "groups.yaml"
+    path.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+                    "    - subgradient: {op: sqrt, when: 'result == 0', grad: 0}\n    - nan_safe: true\n")
+    first = ag.load_spec(path)
+    rules = ag.list_rules()["g"]
+    generation = loader.registry.generation()
+    second = ag.load_spec(path)
+    assert ag.list_rules()["g"] == rules and second.groups[0].rules == rules
+    assert loader.registry.generation() == generation
+    ag.load_spec(path.read_text())  # the same rules as text: no-op too
+    assert ag.list_rules()["g"] == rules
+    first.unload()
+    assert "g" not in ag.list_rules()
+
+
+def test_replace_swaps_the_rules_of_a_loaded_group(tmp_path: Path) -> None:
+    path = tmp_path / "groups.yaml"
+    path.write_text(subgradient_spec(grad=1))
+    ag.load_spec(path)
+    path.write_text(subgradient_spec(grad=0))  # edited, then the cell runs again
+    with pytest.raises(ag.SpecError, match="already registered by the spec at .* with other rules"):
+        ag.load_spec(path)
+    handle = ag.load_spec(path, replace=True)
+    (rule,) = ag.list_rules()["g"]
+    assert handle.groups[0].rules == (rule,) and rule.grad == 0
+    x = torch.zeros(2, requires_grad=True)
+    ag.autograd_group("g")(lambda x: x.sqrt())(x).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(2))
+
+
+def subgradient_spec(grad: int) -> str:
+    return ("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+            f"    - subgradient: {{op: sqrt, when: result == 0, grad: {grad}}}\n")
+
+
+def test_override_modules_are_imported_from_the_spec_folder_first(tmp_path: Path) -> None:
+    (tmp_path / "ag_folder_rules.py").write_text(
+        "import torch\n\ndef fires(ctx):\n    return True\n\n"
+        "def zero(ctx, grad):\n    return torch.zeros_like(ctx.inputs[0])\n")
+    path = tmp_path / "groups.yaml"
+    path.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+                    "    - override: {check: 'ag_folder_rules:fires', backward: 'ag_folder_rules:zero'}\n")
+    handle = ag.load_spec(path)
+    assert str(tmp_path) not in sys.path  # put first only while importing
+    (rule,) = handle.groups[0].rules
+    assert rule.check.__module__ == "ag_folder_rules"
+
+
+def test_check_finds_a_submodule_without_running_its_package(tmp_path: Path) -> None:
+    package = tmp_path / "ag_runs_when_imported"
+    package.mkdir()
+    marker = tmp_path / "ran"
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (package / "rules.py").write_text("def check(ctx):\n    return True\n")
+    spec = tmp_path / "groups.yaml"
+    spec.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+                    "    - override: {check: 'ag_runs_when_imported.rules:check', "
+                    "backward: 'ag_runs_when_imported.nothing:backward'}\n")
+    checked = loader.check([spec], imports="find")
+    assert [(line, message.split(" (")[0]) for _, line, _, message in checked.errors] == [
+        (3, f"'backward': cannot find module 'ag_runs_when_imported.nothing' in the spec's folder {tmp_path} "
+            f"and sys.path")]
+    assert not marker.exists() and "ag_runs_when_imported" not in sys.modules

@@ -6,6 +6,7 @@ test.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -157,11 +158,11 @@ def test_duplicate_group_in_one_load() -> None:
 
 
 def test_conflict_with_a_group_registered_from_python() -> None:
-    ag.register_rule("g", ag.NanSafe())
+    ag.register_rule("g", ag.NanSafe(doc="from Python"))
     spec = "- name: g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n"
     assert one_error(spec) == (1, 9, "group 'g' is already registered from Python (register_rule or a "
-                                     "decorator); a group has one source, so unload that one first or "
-                                     "rename this group")
+                                     "decorator) with other rules; a group has one source, so unload that "
+                                     "one first, rename this group, or pass replace=True to swap its rules")
 
 
 def test_conflict_with_a_group_of_another_spec_names_both(tmp_path: Path) -> None:
@@ -169,20 +170,21 @@ def test_conflict_with_a_group_of_another_spec_names_both(tmp_path: Path) -> Non
     first.write_text("# the first\n- name: g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
     ag.load_spec(first)
     second = tmp_path / "second.yaml"
-    second.write_text("- name:   g(Tensor x) -> Tensor\n  special_cases: [nan_safe: true]\n")
+    second.write_text("- name:   g(Tensor x) -> Tensor\n  special_cases: [nan_safe: {doc: other}]\n")
     with pytest.raises(ag.SpecError) as info:
         ag.load_spec(second)
     assert info.value.errors == [(str(second), 1, 11, f"group 'g' is already registered by the spec at "
-                                                      f"{first}:2:9; a group has one source, so unload that "
-                                                      f"one first or rename this group")]
+                                                      f"{first}:2:9 with other rules; a group has one "
+                                                      f"source, so unload that one first, rename this group, "
+                                                      f"or pass replace=True to swap its rules")]
     assert str(info.value) == f"{second}:1:11: {info.value.errors[0][3]}"
 
 
 def test_conflicting_rules_within_one_group() -> None:
     spec = ("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n"
             "    - nan_safe: {doc: again}\n")
-    assert one_error(spec) == (4, 7, "group 'g': nan_safe conflicts with the nan_safe rule already "
-                                     "registered (line 3)")
+    assert one_error(spec) == (4, 7, "group 'g': nan_safe conflicts with nan_safe (line 3): a group has "
+                                     "one nan_safe rule")
 
 
 def test_unknown_op_with_close_matches() -> None:
@@ -360,3 +362,60 @@ def test_the_sentinel_does_detect_an_import(sentinel: Path) -> None:
     assert SENTINEL not in sys.modules and not sentinel.exists()
     ag.load_spec(spec)
     assert SENTINEL in sys.modules and sentinel.exists()
+
+
+# What the Python API refuses at registration, a spec refuses at load, with the position.
+
+def test_an_input_the_op_does_not_have() -> None:
+    spec = subgradient("'result == 0'", extra=", input: 3")
+    assert one_error(spec) == (*at(spec, 3, "3}"), "'input': input 3 is out of range: sqrt has 1 input "
+                                                   "(position 0, in the order of next_functions)")
+
+
+@pytest.mark.parametrize(("when", "needle", "message"), [
+    ("1", "1}", "'when' is the constant 1: it reads none of the op's values"),
+    ("true", "true}", "'when' is the constant True: it reads none of the op's values"),
+    ("'True'", "True'", "'when' is the constant True: it reads none of the op's values"),
+    ("result", "result}", "'when' must be an elementwise condition (a comparison such as 'result == 0', "
+                          "combined with &, | and ~), not a saved value ('result')"),
+    ("'result * 2'", "result *", "'when' must be an elementwise condition (a comparison such as 'result == "
+                                 "0', combined with &, | and ~), not a number ('result * 2')"),
+])
+def test_a_when_that_is_not_a_condition(when: str, needle: str, message: str) -> None:
+    spec = subgradient(when)
+    line, col, found = one_error(spec)
+    assert (line, col) == at(spec, 3, needle)
+    assert found.startswith(message)
+
+
+def test_rules_that_conflict_by_meaning_within_one_group() -> None:
+    spec = ("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
+            "    - subgradient: {op: sqrt, when: 'result == 0', grad: 1}\n"
+            "    - subgradient: {op: sqrt, when: '(0==result)', grad: 2}\n"
+            "    - subgradient: {op: sqrt, when: 'result==0.0', grad: 1.0}\n")
+    assert errors(spec) == [
+        ("<string>", 4, 7, "group 'g': subgradient(sqrt: (0==result) -> 2) conflicts with subgradient(sqrt: "
+                           "result == 0 -> 1) (line 3): same op and condition, but a different grad"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) is the rule of line 3 again; "
+                           "remove one of them"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) conflicts with subgradient("
+                           "sqrt: (0==result) -> 2) (line 4): same op and condition, but a different grad"),
+    ]
+
+
+def test_a_python_rule_that_conflicts_with_a_loaded_one_names_the_spec_line(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(subgradient("'result == 0'"))
+    ag.load_spec(path)
+    with pytest.raises(ag.RuleError, match=re.escape(
+            f"conflicts with subgradient(sqrt: result == 0 -> 0) (registered at {path}:3:7): same op and "
+            f"condition, but a different grad")):
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=1))
+
+
+def test_a_group_level_condition_is_refused_where_it_is_written() -> None:
+    spec = subgradient("'(result == 0).any()'")
+    assert one_error(spec) == (*at(spec, 3, "(result"), "'when': method calls such as .any() are not allowed "
+                                                        "in an expression: it is computed elementwise, and a "
+                                                        "condition on the whole group belongs in an override "
+                                                        "rule")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -13,9 +14,10 @@ from pathlib import Path
 
 import pydot
 import pytest
+import torch
 
 import autograd_groups as ag
-from autograd_groups import cli
+from autograd_groups import cli, viz
 
 pytestmark = pytest.mark.filterwarnings("ignore:'setParseAction' deprecated")
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
@@ -174,7 +176,7 @@ def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: 
     assert rows["hit"] == ["hit", str(steps), "0", str(steps), label, str(steps), str(steps * len(zeros)),
                            "keep on"]
     assert rows["miss"] == ["miss", str(steps), "0", str(steps), label, str(steps), "0", "can be off"]
-    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules"]
+    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules registered"]
     line = 'with ag.special_cases(False, groups=["miss"]):'
     assert line in done.stdout.splitlines()
     compile(line + "\n    pass\n", "<pasted>", "exec")
@@ -199,3 +201,22 @@ def test_json_out_and_group_filter_in_process(tmp_path: Path, capsys: pytest.Cap
     assert "no instance of group 'gamma' was traced; traced groups: alpha, beta" in capsys.readouterr().err
     assert cli.main(["viz", source, "--out", str(tmp_path / "t.txt")]) == 2
     assert not (tmp_path / "t.txt").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_honour_the_umask(tmp_path: Path, umask: int,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    source = str(script(tmp_path, NESTED))
+    with ag.trace() as session:
+        ag.autograd_group("double")(lambda x: x * 2)(torch.ones(2, requires_grad=True)).sum().backward()
+    previous = os.umask(umask)
+    try:
+        with ag.registry_scope():
+            assert cli.main(["viz", source, "--out", str(tmp_path / "cli.dot")]) == 0
+        session.save(tmp_path / "trace.json")
+        viz.write(session.instances, tmp_path / "drawn.mmd")
+    finally:
+        os.umask(previous)
+    for name in ("cli.dot", "trace.json", "drawn.mmd"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -139,6 +139,8 @@ class autograd_group:
     def __init__(self, name: str) -> None:
         if not isinstance(name, str) or not name:
             raise GroupError(f"a group name must be a non-empty string, not {name!r}")
+        if not torch.compiler.is_dynamo_compiling():  # a set Dynamo need not trace into the graph
+            registry.declare(name)
         self.name = name
         # The recorders of this block while Dynamo traces it (None under a strict torch.export).
         self._traced: list[_Recorder | None] = []

@@ -59,6 +59,8 @@ class GroupInstance:
         #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
         #: decided here, at forward time, for the hooks that run on the engine's threads.
         self.transposed = transposing()
+        #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
+        self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()
 
     @property

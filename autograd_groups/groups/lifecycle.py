@@ -112,6 +112,9 @@ def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInst
     stack.append(instance)
     # Popped by pop_instance: the saved-tensor hooks nest like the groups.
     instance.hooks_pushed = rules.reads_saved and saved.push()
+    if watched and anomaly.forward_active() and not any(i.forward_check for i in stack[:-1]):
+        instance.forward_check = anomaly.ForwardCheck(stack)
+        instance.forward_check.__enter__()
     return instance
 
 
@@ -121,6 +124,8 @@ def pop_instance(instance: GroupInstance) -> None:
         raise GroupError(f"group {instance.name!r} (created at {instance.where}) was closed out of "
                          f"order: groups must nest like `with` blocks")
     stack.pop()
+    if instance.forward_check is not None:
+        instance.forward_check.__exit__(None, None, None)
     if instance.hooks_pushed:
         saved.pop()
 

@@ -42,6 +42,7 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _tag(tensor: torch.Tensor, name: str, where: tuple[str, int]) -> torch.Tensor:
+    registry.declare(name)
     enabled = flag.current_state().for_group(name)
     if not enabled and tracer.active() is None and not anomaly.active():
         return tensor

@@ -10,6 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..rules import registry
+
 
 @dataclass
 class _RuleCounter:
@@ -80,8 +82,9 @@ def count_rule(name: str, label: str, kind: str, elements: int = 0, fired: bool 
 def stats() -> dict[str, dict[str, Any]]:
     """Per group: instances, instances created with special cases off, backward passes, whether it
     ran inside torch.compile'd code (``compiled``: its instances, passes and rule calls there are not
-    counted), and per rule its kind, calls, firings (override) and elements changed (subgradient,
-    nan_safe; counted while traced).
+    counted), whether any rule is ``registered`` under its name now (False for a group with no rules
+    registered, such as a misspelled name), and per rule its kind, calls, firings (override) and
+    elements changed (subgradient, nan_safe; counted while traced).
 
     >>> import autograd_groups as ag
     >>> ag.reset_stats(); ag.stats()
@@ -99,6 +102,7 @@ def stats() -> dict[str, dict[str, Any]]:
             "instances_off": off,
             "backward_passes": passes,
             "compiled": compiled,
+            "registered": registry.has_rules(name),
             "rules": {label: {"kind": kind, "calls": calls, "firings": firings,
                               "elements": elements}
                       for label, (kind, calls, firings, elements) in rules.items()},

@@ -3,6 +3,10 @@
 An expression is parsed with :mod:`ast` and every node is checked against a whitelist, then turned
 into nested Python closures once; evaluating it at backward time runs only those closures. Names are
 the op's saved values (as in ``derivatives.yaml``) and ``grad``; the functions are :data:`FUNCTIONS`.
+
+Two expressions that differ only in spelling have the same :attr:`Expression.key`: the operands of
+``== != & | + *`` in either order (``&`` and ``|`` chains in any order), ``a > b`` and ``b < a``,
+redundant parentheses, spacing, and ``0`` against ``0.0``. Rules are compared on that key.
 """
 
 from __future__ import annotations
@@ -79,13 +83,23 @@ _REFUSED = {
 }
 
 
+#: What an expression gives, as far as its form tells: a condition, a number, or a bare value.
+BOOL, NUMBER, VALUE = "a condition", "a number", "a saved value"
+_COMMUTATIVE = (ast.Eq, ast.NotEq, ast.BitAnd, ast.BitOr, ast.Add, ast.Mult)
+_FLIPPED: dict[type, type] = {ast.Gt: ast.Lt, ast.GtE: ast.LtE}
+_CONDITIONS = {"isfinite", "isnan", "isinf"}
+
+
 @dataclass(frozen=True)
 class Expression:
-    """A parsed expression: its source, the names it reads, and its evaluator."""
+    """A parsed expression: its source, the names it reads, its evaluator, its spelling-free
+    ``key`` and its ``kind`` (:data:`BOOL`, :data:`NUMBER` or :data:`VALUE`)."""
 
     source: str
     names: frozenset[str]
     evaluate: Evaluator
+    key: str
+    kind: str
 
     def __call__(self, env: Env) -> Any:
         return self.evaluate(env)
@@ -100,10 +114,13 @@ def parse(source: str | int | float | bool) -> Expression:
     ['grad', 'result']
     >>> e({"result": torch.tensor([0.0, 2.0]), "grad": torch.tensor([5.0, 5.0])})
     tensor([0., 5.])
+    >>> parse("(0 == result)").key == parse("result==0.0").key
+    True
     """
     if isinstance(source, (bool, int, float)):
         value = source
-        return Expression(repr(source), frozenset(), lambda env: value)
+        key, kind = _literal(value)
+        return Expression(repr(source), frozenset(), lambda env: value, key, kind)
     if not isinstance(source, str):
         raise ExpressionError(f"an expression must be a string or a number, not {type(source).__name__}")
     if len(source) > MAX_LENGTH:
@@ -121,7 +138,84 @@ def parse(source: str | int | float | bool) -> Expression:
         raise ExpressionError(f"expression is nested too deeply (limit {MAX_DEPTH} levels)") from None
     names: set[str] = set()
     evaluate = _compile(tree.body, names, 0)
-    return Expression(source, frozenset(names), evaluate)
+    key, kind = _describe(tree.body)
+    return Expression(source, frozenset(names), evaluate, key, kind)
+
+
+def condition_problem(expression: Expression) -> str | None:
+    """What keeps ``expression`` from being an elementwise condition (a ``when``), or None.
+
+    >>> condition_problem(parse("result > 0")) is None
+    True
+    >>> print(condition_problem(parse("1")).split(":")[0])
+    is the constant 1
+    """
+    if not expression.names:
+        return (f"is the constant {expression.source}: it reads none of the op's values, so it would "
+                f"hold everywhere or nowhere; compare a saved value elementwise, as in 'result == 0' "
+                f"(for a condition on the whole group, use an override rule)")
+    if expression.kind != BOOL:
+        return (f"must be an elementwise condition (a comparison such as 'result == 0', combined with "
+                f"&, | and ~), not {expression.kind} ({expression.source!r})")
+    return None
+
+
+def _literal(value: bool | int | float) -> tuple[str, str]:
+    if isinstance(value, bool):
+        return repr(value), BOOL
+    return repr(float(value)), NUMBER
+
+
+def _describe(node: ast.AST) -> tuple[str, str]:
+    """The key and kind of an expression that :func:`_compile` accepted (so at most
+    :data:`MAX_DEPTH` levels deep)."""
+    if isinstance(node, ast.Constant):
+        return _literal(node.value)  # type: ignore[arg-type]  # _compile allows numbers only
+    if isinstance(node, ast.Name):
+        if node.id in ("True", "False"):
+            return node.id, BOOL
+        return node.id, NUMBER if node.id in CONSTANTS else VALUE
+    if isinstance(node, ast.UnaryOp):
+        if isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+            return _literal(-node.operand.value)  # type: ignore[operator, arg-type]
+        key, kind = _describe(node.operand)
+        bool_op = isinstance(node.op, ast.Invert) and kind == BOOL
+        return f"({type(node.op).__name__} {key})", BOOL if bool_op else NUMBER
+    if isinstance(node, ast.BinOp):
+        op = type(node.op)
+        chain = _operands(node, op) if op in (ast.BitAnd, ast.BitOr) else [node.left, node.right]
+        operands = [_describe(n) for n in chain]
+        keys = sorted(k for k, _ in operands) if op in _COMMUTATIVE else [k for k, _ in operands]
+        bool_op = op in (ast.BitAnd, ast.BitOr) and all(kind == BOOL for _, kind in operands)
+        return f"({op.__name__} {' '.join(keys)})", BOOL if bool_op else NUMBER
+    if isinstance(node, ast.Compare):
+        compare, left, right = type(node.ops[0]), node.left, node.comparators[0]
+        if compare in _FLIPPED:
+            compare, left, right = _FLIPPED[compare], right, left
+        keys = [_describe(left)[0], _describe(right)[0]]
+        return f"({compare.__name__} {' '.join(sorted(keys) if compare in _COMMUTATIVE else keys)})", BOOL
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    args = [_describe(a) for a in node.args]
+    name = node.func.id
+    if name in _CONDITIONS or (name == "where" and len(args) == 3 and args[1][1] == args[2][1] == BOOL):
+        kind = BOOL
+    else:
+        like_a_condition = name in ("zeros_like", "ones_like") and bool(args) and args[0][1] == BOOL
+        kind = BOOL if like_a_condition else NUMBER
+    return f"({name} {' '.join(k for k, _ in args)})", kind
+
+
+def _operands(node: ast.BinOp, op: type) -> list[ast.AST]:
+    """The operands of a chain of ``op`` (``a & (b & c)``), so that their grouping does not matter."""
+    found: list[ast.AST] = []
+    stack: list[ast.AST] = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, ast.BinOp) and type(current.op) is op:
+            stack += [current.right, current.left]
+        else:
+            found.append(current)
+    return found
 
 
 def _fail(node: ast.AST, message: str) -> ExpressionError:
@@ -165,6 +259,10 @@ def _compile(node: ast.AST, names: set[str], depth: int) -> Evaluator:
         left, right = _compile(node.left, names, depth), _compile(node.comparators[0], names, depth)
         return lambda env: cmp(left(env), right(env))
     if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute):
+            raise _fail(node, f"method calls such as .{node.func.attr}() are not allowed in an "
+                              f"expression: it is computed elementwise, and a condition on the whole "
+                              f"group belongs in an override rule")
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             called = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
             raise _fail(node, f"unknown function {called!r}; the functions are "

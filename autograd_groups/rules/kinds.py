@@ -23,21 +23,40 @@ Value = str | int | float | bool | Callable[..., Any]
 class _Compiled:
     names: frozenset[str]
     evaluate: Callable[[dict[str, Any]], Any]
+    #: What two rules compare: an expression's spelling-free key, or a callable itself (by identity).
+    key: object
 
 
-def _compile(value: Value, what: str, op: str) -> _Compiled:
+def _compile(value: Value, what: str, op: str, condition: bool = False) -> _Compiled:
     if callable(value):
         try:
             params = list(inspect.signature(value).parameters)
         except (TypeError, ValueError) as e:
             raise RuleError(f"{what} of the {op} rule: cannot read the callable's signature ({e})") from None
         fn = value
-        return _Compiled(frozenset(params), lambda env: fn(**{p: env[p] for p in params}))
+        return _Compiled(frozenset(params), lambda env: fn(**{p: env[p] for p in params}), fn)
     try:
         parsed = expr.parse(value)
     except ExpressionError as e:
         raise ExpressionError(f"{what} of the {op} rule: {e.message}", e.col) from None
-    return _Compiled(parsed.names, parsed.evaluate)
+    problem = expr.condition_problem(parsed) if condition else None
+    if problem:
+        raise RuleError(f"{what} of the {op} rule {problem}")
+    return _Compiled(parsed.names, parsed.evaluate, parsed.key)
+
+
+def input_problem(info: nodes.OpInfo, index: int) -> str | None:
+    """Why ``index`` cannot be an input of the op ``info``, or None (also when its inputs are not known).
+
+    >>> input_problem(nodes.resolve_op("sqrt"), 3)
+    'input 3 is out of range: sqrt has 1 input (position 0, in the order of next_functions)'
+    """
+    count = info.inputs
+    if count is None or index < count:
+        return None
+    positions = "position 0" if count == 1 else f"positions 0 to {count - 1}"
+    return (f"input {index} is out of range: {info.name} has {count} input{'s' if count > 1 else ''} "
+            f"({positions}, in the order of next_functions)")
 
 
 def _source(value: Value) -> str:
@@ -65,6 +84,8 @@ class Subgradient:
     doc: str = ""
     kind: ClassVar[str] = "subgradient"
     op_key: str = field(init=False)
+    #: The rule's meaning: op, condition, value and input, each spelling-free (see :meth:`same`).
+    key: tuple[object, ...] = field(init=False)
     saved: frozenset[str] = field(init=False)
     constant: float | None = field(init=False)
     when_fn: _Compiled = field(init=False)
@@ -72,7 +93,7 @@ class Subgradient:
 
     def __post_init__(self) -> None:
         info = nodes.resolve_op(self.op)
-        when_fn = _compile(self.when, "'when'", self.op)
+        when_fn = _compile(self.when, "'when'", self.op, condition=True)
         grad_fn = _compile(self.grad, "'grad'", self.op)
         known = info.saved | {"grad"}
         for what, compiled in (("when", when_fn), ("grad", grad_fn)):
@@ -82,10 +103,15 @@ class Subgradient:
                     f"{what} of the {self.op} rule names {', '.join(map(repr, unknown))}, which "
                     f"{self.op} does not save; it saves {', '.join(sorted(info.saved)) or 'nothing'} "
                     f"(and every rule sees 'grad')")
-        if self.input is not None and (not isinstance(self.input, int) or self.input < 0):
+        if self.input is not None and (isinstance(self.input, bool) or not isinstance(self.input, int)
+                                       or self.input < 0):
             raise RuleError(f"input of the {self.op} rule must be a non-negative int, not {self.input!r}")
+        out_of_range = None if self.input is None else input_problem(info, self.input)
+        if out_of_range:
+            raise RuleError(f"the {self.op} rule: {out_of_range}")
         is_number = isinstance(self.grad, (int, float)) and not isinstance(self.grad, bool)
         object.__setattr__(self, "op_key", nodes.op_key(self.op))
+        object.__setattr__(self, "key", (self.op_key, when_fn.key, grad_fn.key, self.input))
         object.__setattr__(self, "saved", (when_fn.names | grad_fn.names) - {"grad"})
         object.__setattr__(self, "constant", float(self.grad) if is_number else None)  # type: ignore[arg-type]
         object.__setattr__(self, "when_fn", when_fn)

@@ -1,15 +1,22 @@
-"""The registry: group name -> ordered rules, thread-safe, copy-on-write."""
+"""The registry: group name -> ordered rules, thread-safe, copy-on-write.
+
+Rules are compared by meaning (:func:`same_rule`): registering a rule the group already has is a
+no-op, so a notebook cell can run again; a different rule at the same place is an error naming
+both, unless ``replace=True`` swaps them.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import nodes
 from ..errors import RuleError
+from ..frames import user_line
 from .kinds import NanSafe, Override, OverrideContext, Rule, Subgradient
 
 
@@ -50,6 +57,10 @@ EMPTY = RuleSet()
 _lock = threading.Lock()
 _rules: dict[str, tuple[Rule, ...]] = {}
 _sets: dict[str, RuleSet] = {}
+# Where each rule was registered (file:line), for the message of a conflict.
+_origins: weakref.WeakKeyDictionary[Rule, str] = weakref.WeakKeyDictionary()
+# Group names used by autograd_group() or tag(), with or without rules.
+_declared: set[str] = set()
 # Bumped by every change: torch.compile guards on it, so a compiled group sees today's rules.
 _generation = 0
 
@@ -74,29 +85,70 @@ def _changed() -> None:
     _sets.clear()
 
 
-def _conflict(group: str, old: Rule, new: Rule) -> str | None:
-    if old is new:
-        return "is already registered"
+def same_rule(a: Rule, b: Rule) -> bool:
+    """Whether two rules mean the same: subgradients with the same op, input, doc and, spelling
+    aside, the same ``when`` and ``grad`` (callables are the same only if they are the same object);
+    overrides with the same check, backward and doc; nan_safe rules with the same doc.
+
+    >>> same_rule(Subgradient(op="sqrt", when="result == 0", grad=0),
+    ...           Subgradient(op="sqrt", when="(0 == result)", grad=0.0))
+    True
+    """
+    if isinstance(a, Subgradient) and isinstance(b, Subgradient):
+        return a.key == b.key and a.doc == b.doc
+    if isinstance(a, Override) and isinstance(b, Override):
+        return a.check is b.check and a.backward_fn is b.backward_fn and a.doc == b.doc
+    return isinstance(a, NanSafe) and isinstance(b, NanSafe) and a.doc == b.doc
+
+
+def conflict(old: Rule, new: Rule) -> str | None:
+    """Why ``new`` cannot sit beside ``old`` in one group, or None: two overrides, two nan_safe
+    rules, or two subgradients for the same op, condition and input that are not the same rule."""
+    if same_rule(old, new):
+        return None
     if isinstance(old, Override) and isinstance(new, Override):
-        return f"conflicts with {old.label}: a group has at most one override"
+        return "a group has at most one override"
     if isinstance(old, NanSafe) and isinstance(new, NanSafe):
-        return "conflicts with the nan_safe rule already registered"
-    if (isinstance(old, Subgradient) and isinstance(new, Subgradient) and old.op_key == new.op_key
-            and str(old.when) == str(new.when)
+        return "a group has one nan_safe rule"
+    if (isinstance(old, Subgradient) and isinstance(new, Subgradient) and old.key[:2] == new.key[:2]
             and (old.input is None or new.input is None or old.input == new.input)):
-        return f"conflicts with {old.label}: same op, same condition, same input"
+        differs = [what for what, differ in (("grad", old.key[2] != new.key[2]),
+                                              ("input", old.input != new.input),
+                                              ("doc", old.doc != new.doc)) if differ]
+        return f"same op and condition, but a different {' and '.join(differs)}"
     return None
 
 
-def register_rule(group: str, rule: Rule) -> Rule:
-    """Register ``rule`` under ``group``; rules of one group apply in registration order.
+def _origin(rule: Rule) -> str:
+    return _origins.get(rule, "an unknown place")
 
-    >>> import autograd_groups as ag
-    >>> with ag.registry_scope():
-    ...     _ = ag.register_rule("cdist", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
-    ...     [r.label for r in ag.list_rules()["cdist"]]
-    ['subgradient(sqrt: result == 0 -> 0)']
-    """
+
+def _clash(group: str, old: Rule, new: Rule, where: str, problem: str) -> RuleError:
+    return RuleError(
+        f"group {group!r}: {new.label} (from {where}) conflicts with {old.label} (registered at "
+        f"{_origin(old)}): {problem}. To swap them, pass replace=True (to register_rule, special_case or "
+        f"load_spec); to keep both, give them different conditions")
+
+
+def _add(group: str, rule: Rule, replace: bool, where: str) -> Rule:
+    """Add ``rule`` to ``group`` with ``_lock`` held; return the rule now registered."""
+    existing = _rules.get(group, ())
+    found = next((old for old in existing if same_rule(old, rule)), None)
+    if found is not None:
+        return found
+    clashes = [k for k, old in enumerate(existing) if conflict(old, rule)]
+    if clashes and not replace:
+        old = existing[clashes[0]]
+        raise _clash(group, old, rule, where, conflict(old, rule) or "")
+    kept = [r for k, r in enumerate(existing) if k not in clashes]
+    kept.insert(clashes[0] if clashes else len(kept), rule)
+    _rules[group] = tuple(kept)
+    _origins[rule] = where
+    _changed()
+    return rule
+
+
+def _check(group: str, rule: Rule) -> None:
     if not isinstance(group, str) or not group:
         raise RuleError(f"a group name must be a non-empty string, not {group!r}")
     if not isinstance(rule, (Subgradient, NanSafe, Override)):
@@ -104,15 +156,66 @@ def register_rule(group: str, rule: Rule) -> Rule:
     if isinstance(rule, Override) and rule.backward_fn is None:
         raise RuleError(f"group {group!r}: {rule.label} has no backward; attach one with "
                         f"@{getattr(rule.check, '__name__', 'check')}.backward")
+
+
+def register_rule(group: str, rule: Rule, *, replace: bool = False) -> Rule:
+    """Register ``rule`` under ``group`` and return the registered rule; rules of one group apply in
+    registration order.
+
+    A rule the group already has (:func:`same_rule`) is not added again: the one registered is
+    returned. A rule that conflicts with one of the group's rules is a :class:`RuleError`, unless
+    ``replace`` is true: then it takes the place of the rules it conflicts with.
+
+    >>> import autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     rule = ag.register_rule("cdist", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    ...     again = ag.register_rule("cdist", ag.Subgradient(op="sqrt", when="0 == result", grad=0))
+    ...     [r.label for r in ag.list_rules()["cdist"]], again is rule
+    (['subgradient(sqrt: result == 0 -> 0)'], True)
+    """
+    _check(group, rule)
+    where = user_line()
     with _lock:
-        existing = _rules.get(group, ())
-        for old in existing:
-            problem = _conflict(group, old, rule)
-            if problem:
-                raise RuleError(f"group {group!r}: {rule.label} {problem}")
-        _rules[group] = existing + (rule,)
-        _changed()
-    return rule
+        return _add(group, rule, replace, where)
+
+
+def same_rules(a: Sequence[Rule], b: Sequence[Rule]) -> bool:
+    """Whether two ordered lists of rules mean the same, rule by rule."""
+    return len(a) == len(b) and all(same_rule(x, y) for x, y in zip(a, b))
+
+
+def set_groups(groups: Sequence[tuple[str, tuple[Rule, ...], tuple[str, ...]]],
+               replace: bool) -> list[tuple[Rule, ...]]:
+    """Make each ``(group, rules, wheres)`` the group's rules, all groups or none (``load_spec``).
+
+    ``wheres`` says where each rule comes from (``file:line:col``). A group that has the same rules
+    already keeps them; one that has other rules is a :class:`RuleError`, unless ``replace`` is true.
+    Returns each group's rules as registered now.
+    """
+    for name, rules, _ in groups:
+        for rule in rules:
+            _check(name, rule)
+    with _lock:
+        for name, rules, wheres in groups:
+            existing = _rules.get(name, ())
+            if existing and not replace and not same_rules(existing, rules):
+                raise RuleError(f"group {name!r} (from {wheres[0] if wheres else '?'}) already has other "
+                                f"rules, registered at {', '.join(dict.fromkeys(map(_origin, existing)))}; "
+                                f"pass replace=True to swap them")
+        registered: list[tuple[Rule, ...]] = []
+        changed = False
+        for name, rules, wheres in groups:
+            existing = _rules.get(name, ())
+            if existing and same_rules(existing, rules):
+                registered.append(existing)
+                continue
+            _rules[name] = rules
+            _origins.update(zip(rules, wheres))
+            registered.append(rules)
+            changed = True
+        if changed:
+            _changed()
+        return registered
 
 
 def unregister_rule(group: str, rule: Rule) -> None:
@@ -126,6 +229,23 @@ def unregister_rule(group: str, rule: Rule) -> None:
         else:
             del _rules[group]
         _changed()
+
+
+def declare(group: str) -> None:
+    """Note that code uses the group name ``group`` (``autograd_group``, ``tag``)."""
+    _declared.add(group)
+
+
+def is_known(group: str) -> bool:
+    """Whether ``group`` has rules or ``autograd_group``/``tag`` has used it. Read without the lock:
+    a membership test."""
+    return group in _rules or group in _declared
+
+
+def known_groups() -> set[str]:
+    """Every group name that has rules or that ``autograd_group``/``tag`` has used."""
+    with _lock:
+        return set(_rules) | _declared
 
 
 def list_rules() -> dict[str, tuple[Rule, ...]]:
@@ -183,21 +303,25 @@ def registry_scope() -> Iterator[None]:
 class _SpecialCase(Override):
     """An override made by :func:`special_case`: registered under its group once it has a backward."""
 
-    def __init__(self, check: Callable[[OverrideContext], Any], group: str) -> None:
+    def __init__(self, check: Callable[[OverrideContext], Any], group: str, replace: bool) -> None:
         super().__init__(check)
         self.group = group
+        self.replace = replace
 
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator: set the replacement backward and register the rule under its group."""
         super().backward(fn)
-        register_rule(self.group, self)
+        register_rule(self.group, self, replace=self.replace)
         return fn
 
 
-def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Override]:
+def special_case(group: str, *,
+                 replace: bool = False) -> Callable[[Callable[[OverrideContext], Any]], Override]:
     """Decorator that makes an override rule of ``group`` from its checker.
 
-    Attach the replacement backward with ``@checker.backward``; the rule is registered then.
+    Attach the replacement backward with ``@checker.backward``; the rule is registered then. Its
+    functions are new objects each time the code runs, so running it again (a notebook cell)
+    conflicts with the override registered the first time: ``replace=True`` swaps it.
 
     >>> import torch, autograd_groups as ag
     >>> with ag.registry_scope():
@@ -211,7 +335,13 @@ def special_case(group: str) -> Callable[[Callable[[OverrideContext], Any]], Ove
     ['override']
     """
 
+    if not isinstance(group, str) or not group:
+        hint = (" (to turn special cases on or off, use ag.special_cases(enabled), plural)"
+                if isinstance(group, bool) else "")
+        raise TypeError(f"special_case(group) is the decorator of an override rule and takes a group "
+                        f"name, not {group!r}{hint}")
+
     def make(check: Callable[[OverrideContext], Any]) -> Override:
-        return _SpecialCase(check, group)
+        return _SpecialCase(check, group, replace)
 
     return make

@@ -106,21 +106,40 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         grad = grads[i] if i < len(grads) else None
         if grad is None:
             continue
-        if mask.shape != grad.shape and not _fits(mask.shape, grad.shape):
-            raise _fail(instance, rule.label, site.op,
-                        f"'when' gave shape {tuple(mask.shape)}, which does not fit the gradient "
-                        f"of input {i} of shape {tuple(grad.shape)}")
+        if mask.shape != grad.shape:
+            _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
         if rule.constant is not None and _owned(grad, grad_outputs):
             grad.masked_fill_(mask, rule.constant)
             continue
         value = rule.constant if rule.constant is not None else _value(rule, site, env)
-        if isinstance(value, torch.Tensor) and not _fits(value.shape, grad.shape):
-            raise _fail(instance, rule.label, site.op,
-                        f"'grad' returned shape {tuple(value.shape)}, but the gradient of input {i} "
-                        f"has shape {tuple(grad.shape)}")
+        if isinstance(value, torch.Tensor) and value.shape != grad.shape:
+            _check_shape(rule, site, "'grad' gave a value", value.shape, i, grads, env)
         _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(mask, value, grad)
     return mask
+
+
+def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
+                 env: dict[str, Any]) -> None:
+    """Raise unless a mask or value of ``shape`` may replace the gradient of input ``i`` elementwise.
+
+    It may where it broadcasts to that gradient and is the shape of one of the op's inputs (a
+    gradient or a saved value): then it was broadcast along exactly the dimensions along which the
+    op broadcast that input itself. Any other broadcast (``(result == 0).any()``, a slice) would set
+    elements the condition was not computed for.
+    """
+    target = grads[i]
+    assert target is not None
+    inputs = {g.shape for g in grads if g is not None}
+    inputs.update(v.shape for name, v in env.items() if name != "grad" and isinstance(v, torch.Tensor))
+    if shape in inputs and _fits(shape, target.shape):
+        return
+    raise _fail(site.instance, rule.label, site.op,
+                f"{what} of shape {tuple(shape)}, but the gradient of input {i} it replaces has shape "
+                f"{tuple(target.shape)}: a subgradient is elementwise, so 'when' and a tensor 'grad' "
+                f"must have the shape of that gradient (or of an input the op broadcast to it). "
+                f"For a condition on the whole group (such as .any()), use an override rule "
+                f"(@ag.special_case({site.instance.name!r}))")
 
 
 _FORMULA = NanSafe(doc="the derivative formula of a rule site, under create_graph")

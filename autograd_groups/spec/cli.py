@@ -21,10 +21,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     """Add ``check`` and ``list`` to the ``autograd-groups`` command."""
     check_parser = subparsers.add_parser(
         "check", help="validate spec files",
-        description="Validate spec files as load_spec would (override rules import their modules). "
+        description="Validate spec files as load_spec would, without running any of their code: the "
+                    "modules that override rules name are only looked for (--imports imports them). "
                     "Exit 0: valid; 1: invalid, every error printed as file:line:col: message; "
                     "2: usage error such as a missing file.")
     check_parser.add_argument("specs", nargs="+", metavar="SPEC", help="spec files, checked together")
+    _imports_flag(check_parser)
     check_parser.set_defaults(run=run_check)
     list_parser = subparsers.add_parser(
         "list", help="show groups, their rules and docs",
@@ -32,7 +34,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     "spec files, with their rules and docs.")
     list_parser.add_argument("--spec", action="append", default=[], metavar="FILE",
                              help="list the groups of this spec file instead (repeatable)")
+    _imports_flag(list_parser)
     list_parser.set_defaults(run=run_list)
+
+
+def _imports_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--imports", action="store_true",
+                        help="import the modules that override rules name (this runs their code), with "
+                             "each spec's folder first on sys.path, and check that their functions exist")
 
 
 def _missing(paths: list[str], command: str) -> int:
@@ -43,11 +52,12 @@ def _missing(paths: list[str], command: str) -> int:
     return 0
 
 
-def _validate(paths: list[str], command: str) -> tuple[int, list[tuple[str, tuple[GroupEntry, ...]]]]:
+def _validate(paths: list[str], command: str, imports: bool,
+              ) -> tuple[int, list[tuple[str, tuple[GroupEntry, ...]]]]:
     code = _missing(paths, command)
     if code:
         return code, []
-    checked = check([Path(p) for p in paths])
+    checked = check([Path(p) for p in paths], imports="run" if imports else "find")
     for file, line, col, message in checked.errors:
         print(f"{file}:{line}:{col}: {message}")
     if checked.errors:
@@ -58,7 +68,7 @@ def _validate(paths: list[str], command: str) -> tuple[int, list[tuple[str, tupl
 
 def run_check(args: argparse.Namespace) -> int:
     """Validate ``args.specs``; print errors as ``file:line:col: message``; return the exit code."""
-    code, files = _validate(args.specs, "check")
+    code, files = _validate(args.specs, "check", args.imports)
     for file, entries in files:
         rules = sum(len(e.rules) for e in entries)
         print(f"{file}: ok ({len(entries)} group(s), {rules} rule(s))")
@@ -69,7 +79,7 @@ def run_list(args: argparse.Namespace) -> int:
     """Print a table of groups and rules: of ``args.spec`` files, else of the registry."""
     rows: list[tuple[str, str, tuple[Rule, ...]]] = []
     if args.spec:
-        code, files = _validate(args.spec, "list")
+        code, files = _validate(args.spec, "list", args.imports)
         if code:
             return code
         rows = [(e.signature, e.doc, tuple(r for r, _ in e.rules)) for _, entries in files for e in entries]

@@ -3,11 +3,13 @@
 A spec is checked completely before anything is registered: every error of every file is
 collected, and one error means nothing is registered. Groups of several loads merge in the
 registry; a group is owned by one source, so a spec may not add rules to a group that is already
-registered (by another spec or from Python).
+registered (by another spec or from Python), unless it has the same rules already (loading a spec
+again is a no-op) or ``replace=True`` swaps them.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -16,7 +18,7 @@ from ..errors import RuleError, SpecError
 from ..rules import registry
 from ..rules.kinds import Rule
 from .document import Document, Error, Source, read
-from .schema import GroupEntry, groups
+from .schema import GroupEntry, Imports, groups
 
 _origins: weakref.WeakKeyDictionary[Rule, SpecGroup] = weakref.WeakKeyDictionary()
 
@@ -76,8 +78,8 @@ class SpecHandle:
         self.unload()
 
 
-def check(sources: list[Source], *, allow_imports: bool = True) -> Checked:
-    """Check specs together, as if loaded one after the other; register nothing."""
+def check(sources: list[Source], *, imports: Imports = "run", replace: bool = False) -> Checked:
+    """Check specs together, as if loaded one after the other (with ``replace``); register nothing."""
     files: list[tuple[str, tuple[GroupEntry, ...]]] = []
     errors: list[Error] = []
     first: dict[str, GroupEntry] = {}
@@ -88,20 +90,31 @@ def check(sources: list[Source], *, allow_imports: bool = True) -> Checked:
             errors.extend(e.errors)
             continue
         document = Document(label, text)
-        entries = groups(document, allow_imports=allow_imports)
+        entries = groups(document, imports=imports, folder=_folder(source))
         registered = registry.list_rules()
         for entry in entries:
             seen = first.setdefault(entry.name, entry)
             if seen is not entry:
                 document.error(entry.where[1:], f"group {entry.name!r} is defined twice; first at "
                                                 f"{':'.join(map(str, seen.where))}")
-            elif entry.name in registered:
+            elif entry.name in registered and not replace and not registry.same_rules(
+                    registered[entry.name], [rule for rule, _ in entry.rules]):
                 document.error(entry.where[1:], f"group {entry.name!r} is already registered "
-                                                f"{_owner(registered[entry.name])}; a group has one source, "
-                                                f"so unload that one first or rename this group")
+                                                f"{_owner(registered[entry.name])} with other rules; a group "
+                                                f"has one source, so unload that one first, rename this "
+                                                f"group, or pass replace=True to swap its rules")
         errors.extend(sorted(document.errors, key=lambda e: (e[1], e[2])))
         files.append((label, tuple(entries)))
     return Checked(tuple(files), errors)
+
+
+def _folder(source: Source) -> str | None:
+    """The folder of a spec file, whose modules its references may name; None for YAML text."""
+    if isinstance(source, str) and "\n" in source:
+        return None
+    if isinstance(source, (str, os.PathLike)):
+        return os.path.dirname(os.path.abspath(source))
+    return None
 
 
 def _owner(rules: tuple[Rule, ...]) -> str:
@@ -119,16 +132,21 @@ def check_spec(*sources: Source, allow_imports: bool = True) -> list[Error]:
     [('<string>', 2, 19, "unknown kind of special case: 'nan_save'; the kinds are subgradient, \
 nan_safe, override; did you mean 'nan_safe'?")]
     """
-    return check(list(sources), allow_imports=allow_imports).errors
+    return check(list(sources), imports="run" if allow_imports else "refuse").errors
 
 
-def load_spec(source: Source, *, allow_imports: bool = True) -> SpecHandle:
+def load_spec(source: Source, *, allow_imports: bool = True, replace: bool = False) -> SpecHandle:
     """Register every group of a spec; raise :class:`SpecError` with all its errors, registering nothing.
 
     ``source`` is a path (a ``str`` without a newline, a ``pathlib.Path``, or a package resource
     such as ``importlib.resources.files(pkg) / "groups.yaml"``) or YAML text (a ``str`` with a
     newline; errors then name the file ``<string>``). ``override`` rules import the modules they
-    name; ``allow_imports=False`` refuses that, so the spec runs no code at all.
+    name, with the spec file's folder first on ``sys.path``; ``allow_imports=False`` refuses that,
+    so the spec runs no code at all.
+
+    A group that has the same rules already keeps them, so loading a spec again is a no-op (the
+    handle holds the rules registered first). A group registered with other rules is an error,
+    unless ``replace`` is true: then the spec's rules take the place of the group's rules.
 
     >>> import torch, autograd_groups as ag
     >>> spec = '''
@@ -145,23 +163,23 @@ def load_spec(source: Source, *, allow_imports: bool = True) -> SpecHandle:
     ...     x.grad
     tensor([0.0000, 0.2500])
     """
-    checked = check([source], allow_imports=allow_imports)
+    checked = check([source], imports="run" if allow_imports else "refuse", replace=replace)
     if checked.errors:
         raise SpecError(checked.errors)
     label, entries = checked.files[0]
-    pending = [(entry.name, rule, where) for entry in entries for rule, where in entry.rules]
-    for i, (name, rule, where) in enumerate(pending):
-        try:
-            registry.register_rule(name, rule)
-        except RuleError as e:  # registered meanwhile from another thread: undo this load's part
-            for done_name, done_rule, _ in reversed(pending[:i]):
-                registry.unregister_rule(done_name, done_rule)
-            raise SpecError([(*where, str(e))]) from None
-    loaded = tuple(SpecGroup(e.name, e.signature, e.params, e.returns, e.doc, tuple(r for r, _ in e.rules),
-                             ":".join(map(str, e.where))) for e in entries)
+    wanted = [(e.name, tuple(r for r, _ in e.rules), tuple(":".join(map(str, w)) for _, w in e.rules))
+              for e in entries]
+    try:
+        registered = registry.set_groups(wanted, replace)
+    except RuleError as e:  # registered meanwhile from another thread; none of this load was
+        now = registry.list_rules()
+        clash = next((entry for entry in entries if entry.name in now), entries[0])
+        raise SpecError([(*clash.where, str(e))]) from None
+    loaded = tuple(SpecGroup(e.name, e.signature, e.params, e.returns, e.doc, rules,
+                             ":".join(map(str, e.where))) for e, rules in zip(entries, registered))
     for group in loaded:
         for rule in group.rules:
-            _origins[rule] = group
+            _origins.setdefault(rule, group)
     return SpecHandle(label, loaded)
 
 

@@ -7,23 +7,31 @@ passed their checks, so building it cannot fail on anything already reported.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
+import importlib.machinery
+import importlib.util
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from .. import nodes
 from ..errors import ExpressionError, RuleError
 from ..rules import expr, registry
-from ..rules.kinds import NanSafe, Override, Rule, Subgradient
+from ..rules.kinds import NanSafe, Override, Rule, Subgradient, input_problem
 from .document import Document, describe, scalar
 from .signature import SignatureError, parse_signature
 
 Where = tuple[str, int, int]
+#: What a ``module:function`` reference does while a spec is checked: ``run`` imports the module
+#: (``load_spec``, ``check --imports``), ``find`` only looks for it without running anything
+#: (``autograd-groups check``), ``refuse`` makes it an error (``allow_imports=False``).
+Imports = Literal["run", "find", "refuse"]
 
 GROUP_KEYS = {"name": True, "doc": False, "special_cases": True}
 KINDS = ("subgradient", "nan_safe", "override")
@@ -48,8 +56,10 @@ class GroupEntry:
     where: Where
 
 
-def groups(document: Document, *, allow_imports: bool) -> list[GroupEntry]:
-    """Check a spec document, recording every error in it; return each group whose name line parses."""
+def groups(document: Document, *, imports: Imports, folder: str | None) -> list[GroupEntry]:
+    """Check a spec document, recording every error in it; return each group whose name line parses.
+
+    ``folder`` is the spec file's folder, searched first for the modules its references name."""
     root = document.compose()
     if root is None or (isinstance(root, yaml.ScalarNode) and scalar(root) is None):
         return []
@@ -57,7 +67,7 @@ def groups(document: Document, *, allow_imports: bool) -> list[GroupEntry]:
         document.error(root, f"a spec is a list of groups ('- name: group(Tensor x) -> Tensor'), "
                              f"not {describe(root)}")
         return []
-    checker = _Checker(document, allow_imports)
+    checker = _Checker(document, imports, folder)
     return [g for g in map(checker.group, root.value) if g is not None]
 
 
@@ -69,9 +79,10 @@ def _close(word: str, choices: list[str] | tuple[str, ...]) -> str:
 class _Checker:
     """Checks one document; a part is built only if checking it recorded no new error."""
 
-    def __init__(self, document: Document, allow_imports: bool) -> None:
+    def __init__(self, document: Document, imports: Imports, folder: str | None) -> None:
         self.doc = document
-        self.allow_imports = allow_imports
+        self.imports = imports
+        self.folder = folder
 
     def _where(self, node: yaml.Node) -> Where:
         return self.doc.file, node.start_mark.line + 1, node.start_mark.column + 1
@@ -108,9 +119,14 @@ class _Checker:
             if rule is None:
                 continue
             for old, old_where in rules:
-                problem = registry._conflict(group, old, rule)
+                if registry.same_rule(old, rule):
+                    self.doc.error(item, f"group {group!r}: {rule.label} is the rule of line {old_where[1]} "
+                                         f"again; remove one of them")
+                    continue
+                problem = registry.conflict(old, rule)
                 if problem:
-                    self.doc.error(item, f"group {group!r}: {rule.label} {problem} (line {old_where[1]})")
+                    self.doc.error(item, f"group {group!r}: {rule.label} conflicts with {old.label} "
+                                         f"(line {old_where[1]}): {problem}")
             rules.append((rule, self._where(item)))
         return rules
 
@@ -147,9 +163,9 @@ class _Checker:
                 info = nodes.resolve_op(op)
             except RuleError as e:
                 self.doc.error(fields["op"], str(e))
-        when = self._expression(fields["when"], "'when'", info) if "when" in fields else None
+        when = self._expression(fields["when"], "'when'", info, condition=True) if "when" in fields else None
         grad = self._expression(fields["grad"], "'grad'", info) if "grad" in fields else 0
-        index = self._index(fields["input"]) if "input" in fields else None
+        index = self._index(fields["input"], info) if "input" in fields else None
         doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
         if len(self.doc.errors) > before or op is None or when is None or grad is None or doc is None:
             return None
@@ -214,11 +230,15 @@ class _Checker:
             return None
         return value
 
-    def _index(self, node: yaml.Node) -> int | None:
+    def _index(self, node: yaml.Node, info: nodes.OpInfo | None) -> int | None:
         value = scalar(node)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.doc.error(node, f"'input' must be a non-negative integer (the op's input position), "
                                  f"not {describe(node)}")
+            return None
+        problem = None if info is None else input_problem(info, value)
+        if problem:
+            self.doc.error(node, f"'input': {problem}")
             return None
         return value
 
@@ -229,21 +249,25 @@ class _Checker:
         else:
             self.doc.error(node, message)
 
-    def _expression(self, node: yaml.Node, what: str, info: nodes.OpInfo | None) -> str | int | float | None:
-        """An expression or a number; names are checked against the op's saved values when it is known."""
+    def _expression(self, node: yaml.Node, what: str, info: nodes.OpInfo | None,
+                    condition: bool = False) -> str | int | float | None:
+        """An expression or a number; names are checked against the op's saved values when it is
+        known, and a ``condition`` (``when``) must be an elementwise condition."""
         value = scalar(node)
-        if isinstance(value, (bool, int, float)):
-            return value
-        if not isinstance(value, str):
+        if not isinstance(value, (bool, int, float, str)):
             self.doc.error(node, f"{what} must be an expression string or a number, not {describe(node)}")
             return None
-        lead = len(value) - len(value.lstrip())
+        lead = len(value) - len(value.lstrip()) if isinstance(value, str) else 0
         try:
             parsed = expr.parse(value)
         except ExpressionError as e:
             self._at_column(node, lead + e.col, f"{what}: {e.message}")
             return None
-        if info is None:
+        problem = expr.condition_problem(parsed) if condition else None
+        if problem:
+            self._at_column(node, lead + 1, f"{what} {problem}")
+            return None
+        if info is None or not isinstance(value, str):
             return value
         for name in sorted(parsed.names - info.saved - {"grad"}):
             found = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", value)
@@ -254,7 +278,8 @@ class _Checker:
         return value
 
     def _reference(self, node: yaml.Node, what: str) -> Callable[..., Any] | None:
-        """The callable named by ``module:function``, imported only when imports are allowed."""
+        """The callable named by ``module:function``: imported (``run``), a stand-in for it once its
+        module is found without importing (``find``), or an error (``refuse``)."""
         text = self._string(node, what)
         if text is None:
             return None
@@ -268,13 +293,20 @@ class _Checker:
         if any(part.startswith("__") for part in f"{module}.{attr}".split(".")):
             self._at_column(node, start, f"{what}: names starting with '__' are not allowed ({text!r})")
             return None
-        if not self.allow_imports:
+        if self.imports == "refuse":
             self._at_column(node, start, f"{what}: {text!r} would import module {module!r}, and this spec is "
                                          "loaded with allow_imports=False; load it with allow_imports=True "
                                          "if you trust it")
             return None
+        if self.imports == "find":
+            missing = _find(module, self.folder)
+            if missing:
+                self._at_column(node, start, f"{what}: {missing}")
+                return None
+            return _unimported(module, attr)
         try:
-            target: Any = importlib.import_module(module)
+            with _first_on_path(self.folder):
+                target: Any = importlib.import_module(module)
         except (Exception, SystemExit) as e:
             self._at_column(node, start, f"{what}: cannot import module {module!r}: {type(e).__name__}: {e}")
             return None
@@ -291,3 +323,62 @@ class _Checker:
             return None
         fn: Callable[..., Any] = target
         return fn
+
+
+@contextlib.contextmanager
+def _first_on_path(folder: str | None) -> Iterator[None]:
+    """Put the spec's folder first on ``sys.path`` while its modules are found or imported."""
+    if folder is None:
+        yield
+        return
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+
+
+def _find(module: str, folder: str | None) -> str | None:
+    """Why ``module`` cannot be found, or None; nothing is imported, so no code runs.
+
+    The top package is looked up by ``importlib.util.find_spec`` (which imports only the parents of
+    a dotted name, and a top name has none), each submodule by ``PathFinder.find_spec`` in its
+    parent's folders: both only read directories.
+    """
+    parts = module.split(".")
+    with _first_on_path(folder):
+        found = _spec_of(parts[0], None)
+    for k in range(1, len(parts)):
+        folders = found.submodule_search_locations if found is not None else None
+        found = _spec_of(".".join(parts[:k + 1]), list(folders)) if folders is not None else None
+    if found is not None:
+        return None
+    where = f"the spec's folder {folder} and sys.path" if folder else "sys.path"
+    return (f"cannot find module {module!r} in {where} (looked up without importing it; "
+            f"check with --imports to import it)")
+
+
+def _spec_of(name: str, folders: list[str] | None) -> importlib.machinery.ModuleSpec | None:
+    """The spec of module ``name``: loaded already, a top-level module, or in ``folders``."""
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded.__spec__
+    if folders is not None:
+        return importlib.machinery.PathFinder.find_spec(name, folders)
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+
+
+def _unimported(module: str, attr: str) -> Callable[..., Any]:
+    """A stand-in for the function ``module:attr`` that was found but not imported."""
+
+    def unimported(*args: Any, **kwargs: Any) -> Any:
+        raise RuleError(f"{module}:{attr} was checked without importing it; load the spec with "
+                        f"load_spec to use it")
+
+    unimported.__module__ = module
+    unimported.__qualname__ = attr
+    unimported.__name__ = attr.rpartition(".")[2]
+    return unimported

@@ -13,14 +13,14 @@ from rich.table import Table
 
 KEEP = "keep on"
 SAFE = "can be off"
-NO_RULES = "no rules"
+NO_RULES = "no rules registered"
 OFF = "was off"
 NOT_RUN = "no backward"
 COMPILED = "unknown: compiled"
 LEGEND = {
     KEEP: "its rules changed gradients: it reaches special points",
     SAFE: "its rules ran but never changed an element in this run",
-    NO_RULES: "the group has no rules",
+    NO_RULES: "no rule is registered under the group's name: is it misspelled?",
     OFF: "every instance was created with special cases off",
     NOT_RUN: "no backward pass reached its rule sites",
     COMPILED: "it ran inside torch.compile'd code, where its rules' hits are not counted",
