@@ -109,6 +109,14 @@ def test_script_output_fits_80_columns_in_a_log(tmp_path: Path) -> None:
     assert (tmp_path / "metric_learning.svg").exists()
 
 
+def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
+    module = load_example("metric_learning")
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=80)
+    module.run_demo(steps=2, seed=0, out=tmp_path, console=terminal)
+    assert "(a) and (b): cdist(emb, emb)" in screen.getvalue() and "100%" in screen.getvalue()
+
+
 def test_steps_must_be_positive() -> None:
     module = load_example("metric_learning")
     with pytest.raises(SystemExit) as exit_info:
