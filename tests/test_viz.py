@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 
 import networkx as nx
 import pydot
@@ -294,6 +296,18 @@ def test_tree_shows_clusters_ops_and_hits(cdist_example) -> None:
     assert "cdist ×2" in out
     assert f"{cdist_example.SQRT_AT_ZERO.label}: {2 * zero_distances(x1, x2)} elements changed" in out
     assert "← x1: leaf [5, 3]" in out and "clamp_min [5, 5]" in out
+
+
+def test_written_files_get_the_permissions_of_a_new_file(cdist_example, tmp_path) -> None:
+    with ag.trace() as t:
+        cdist_example.grouped_cdist(*points()).sum().backward()
+    old = os.umask(0o027)
+    try:
+        viz.write(t.instances, tmp_path / "g.mmd")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "g.mmd").stat().st_mode) == 0o640     # 0o666 less the umask
+    assert [p.name for p in tmp_path.iterdir()] == ["g.mmd"]               # no temporary file left
 
 
 def test_writing_an_unknown_extension_is_refused(tmp_path) -> None:
