@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints-dev.txt -e '.[dev,examples]'
+	$(BIN)/pip install -q -c constraints-dev.txt -e '.[dev,examples,viz]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 from .spec import cli as spec_cli
 from .viz import cli as viz_cli
@@ -22,12 +23,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autograd-groups",
         description="Inspect autograd groups: validate spec files, list rules, draw traced graphs.")
+    parser.add_argument("--version", action="version", version=f"autograd-groups {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)
     viz_cli.register(commands)
     args = parser.parse_args(argv)
     code: int = args.run(args)
     return code
+
+
+def _version() -> str:
+    try:
+        return version("autograd-groups")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

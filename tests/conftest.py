@@ -54,3 +54,14 @@ def cdist_example() -> ModuleType:
     module = load_example("cdist")
     module.register()
     return module
+
+
+def assert_fits(text: str, columns: int, whole: list[str]) -> None:
+    """``text``, printed for ``columns`` columns, has no line wider, no ellipsis, and each string of
+    ``whole`` on one line, uncut."""
+    lines = text.splitlines()
+    wide = [line for line in lines if len(line.rstrip()) > columns]
+    assert not wide, f"lines wider than {columns} columns: {wide}"
+    assert "…" not in text and "..." not in text, "a cell was cut with an ellipsis"
+    missing = [w for w in whole if not any(w in line for line in lines)]
+    assert not missing, f"not on one line, uncut: {missing}"

@@ -6,6 +6,7 @@ what is checked is tested in-process in test_spec*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,14 +16,15 @@ from pathlib import Path
 import pytest
 
 import autograd_groups as ag
-from conftest import ROOT
+from conftest import ROOT, assert_fits
 
 SPECS = ROOT / "examples" / "specs"
 ERROR_LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+): (?P<message>.+)$")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(SPECS), "COLUMNS": "200"}
+def cli(*args: str, columns: str = "200") -> subprocess.CompletedProcess[str]:
+    """``autograd-groups ARGS`` in a subprocess whose stdout is a pipe, not a terminal."""
+    env = {**os.environ, "PYTHONPATH": str(SPECS), "COLUMNS": columns}
     return subprocess.run([sys.executable, "-m", "autograd_groups.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -65,43 +67,59 @@ def test_usage_errors_exit_2(args: list[str], stderr: str) -> None:
     assert done.stderr.strip().splitlines()[-1] == stderr
 
 
-def table_rows(output: str) -> list[list[str]]:
-    """The cells of a rich table with lines between rows, each cell's wrapped lines joined by spaces."""
-    rows: list[list[str]] = []
-    block: list[list[str]] = []
-    for line in output.splitlines():
-        if line.startswith("│"):
-            block.append([cell.strip() for cell in line.split("│")[1:-1]])
-        elif block:
-            rows.append([" ".join(filter(None, column)) for column in zip(*block)])
-            block = []
-    return rows
+def blocks(output: str) -> list[str]:
+    """``list``'s output, one string per group: its lines joined, runs of spaces made one."""
+    return [" ".join(block.split()) for block in output.strip().split("\n\n")]
 
 
 def test_list_spec_shows_groups_rules_and_docs() -> None:
     done = cli("list", "--spec", "examples/specs/cdist.yaml", "--spec", "examples/specs/safe_norm.yaml")
     assert done.returncode == 0, done.stderr
-    assert table_rows(done.stdout) == [
-        ["cdist(Tensor x1, Tensor x2) -> Tensor Euclidean distances between the rows of x1 and x2, computed "
-         "as sqrt(clamp_min(|x|^2 + |y|^2 - 2 x.y, 0)).", "subgradient",
-         "op sqrt: where result == 0, grad = 0",
-         "distance 0: PyTorch's cdist gives gradient 0 there"],
-        ["safe_norm(Tensor x) -> Tensor The 2-norm of all elements of x, with gradient 0 at x == 0 as "
-         "torch.linalg.vector_norm.", "override",
-         "check norm_rules:norm_is_zero, backward norm_rules:norm_subgradient",
-         "at norm 0 the gradient is 0 (the norm's subgradient PyTorch picks)"],
+    assert blocks(done.stdout) == [
+        "cdist(Tensor x1, Tensor x2) -> Tensor Euclidean distances between the rows of x1 and x2, computed "
+        "as sqrt(clamp_min(|x|^2 + |y|^2 - 2 x.y, 0)). subgradient op sqrt: where result == 0, grad = 0 "
+        "distance 0: PyTorch's cdist gives gradient 0 there",
+        "safe_norm(Tensor x) -> Tensor The 2-norm of all elements of x, with gradient 0 at x == 0 as "
+        "torch.linalg.vector_norm. override check norm_rules:norm_is_zero, backward "
+        "norm_rules:norm_subgradient at norm 0 the gradient is 0 (the norm's subgradient PyTorch picks)",
     ]
 
 
-def test_list_without_spec_shows_the_registered_groups() -> None:
-    done = cli("list")
+@pytest.mark.parametrize("columns", ["200", "80"])
+def test_list_without_spec_shows_every_registered_group_whole(columns: str) -> None:
+    done = cli("list", columns=columns)
     assert done.returncode == 0, done.stderr
-    header = next(line for line in done.stdout.splitlines() if line.startswith("┃"))
-    assert [cell.strip() for cell in header.split("┃")[1:-1]] == ["group", "rule", "details", "doc"]
     import autograd_groups.ops  # noqa: F401  (what `list` shows: the built-in library)
 
-    shown = {row[0].split("(")[0] for row in table_rows(done.stdout)}
-    assert set(ag.list_rules()) <= shown
+    registered = ag.list_rules()
+    shown = [block.split("(")[0] for block in blocks(done.stdout)]
+    assert shown == sorted(registered)
+    assert_fits(done.stdout, int(columns), whole=[f"{name}(" for name in registered])
+
+
+def test_list_json_has_every_group_and_rule_of_the_registry() -> None:
+    done = cli("list", "--json")
+    assert done.returncode == 0, done.stderr
+    import autograd_groups.ops  # noqa: F401
+
+    listed = json.loads(done.stdout)["groups"]
+    assert {g["name"]: [(r["kind"], r["label"], r["doc"]) for r in g["rules"]] for g in listed} == {
+        name: [(r.kind, r.label, r.doc) for r in rules] for name, rules in ag.list_rules().items()}
+    cdist = next(g for g in listed if g["name"] == "ops.cdist")
+    assert cdist["signature"].startswith("ops.cdist(Tensor x1, Tensor x2")
+    assert cdist["rules"][0]["details"] == "op sqrt: where result == 0, grad = 0"
+
+
+def test_list_json_of_a_spec_file() -> None:
+    done = cli("list", "--json", "--spec", "examples/specs/cdist.yaml")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"groups": [{
+        "name": "cdist", "signature": "cdist(Tensor x1, Tensor x2) -> Tensor",
+        "doc": "Euclidean distances between the rows of x1 and x2, computed as "
+               "sqrt(clamp_min(|x|^2 + |y|^2 - 2 x.y, 0)).",
+        "rules": [{"kind": "subgradient", "label": "subgradient(sqrt: result == 0 -> 0)",
+                   "details": "op sqrt: where result == 0, grad = 0",
+                   "doc": "distance 0: PyTorch's cdist gives gradient 0 there"}]}]}
 
 
 def test_check_refuses_what_would_fail_at_every_backward(tmp_path: Path) -> None:

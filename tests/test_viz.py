@@ -1,12 +1,12 @@
-"""Drawing traces: folding, DOT (parsed back with pydot), Mermaid, JSON round trips, Jupyter view."""
+"""Drawing traces: folding, DOT (parsed back with pydot), Mermaid, JSON round trips (pictures and
+Jupyter's view: test_render.py)."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
-import shutil
-import xml.etree.ElementTree as ET
+import os
+import stat
 
 import networkx as nx
 import pydot
@@ -19,7 +19,6 @@ from autograd_groups import viz
 from autograd_groups.errors import GroupError
 
 pytestmark = pytest.mark.filterwarnings("ignore:'setParseAction' deprecated")
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 
 
 def points(n: int = 5, d: int = 3, same: int = 2, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,46 +298,33 @@ def test_tree_shows_clusters_ops_and_hits(cdist_example) -> None:
     assert "← x1: leaf [5, 3]" in out and "clamp_min [5, 5]" in out
 
 
+def test_written_files_get_the_permissions_of_a_new_file(cdist_example, tmp_path) -> None:
+    with ag.trace() as t:
+        cdist_example.grouped_cdist(*points()).sum().backward()
+    old = os.umask(0o027)
+    try:
+        viz.write(t.instances, tmp_path / "g.mmd")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "g.mmd").stat().st_mode) == 0o640     # 0o666 less the umask
+    assert [p.name for p in tmp_path.iterdir()] == ["g.mmd"]               # no temporary file left
+
+
 def test_writing_an_unknown_extension_is_refused(tmp_path) -> None:
     with pytest.raises(GroupError, match=r"the extension must be one of .dot, .mmd, .json"):
         viz.write([], tmp_path / "x.txt")
 
 
-@needs_dot
-def test_pictures_are_valid_files(cdist_example, tmp_path) -> None:
+def test_the_summary_counts_in_the_singular_for_one(cdist_example) -> None:
     with ag.trace() as t:
         cdist_example.grouped_cdist(*points()).sum().backward()
-    viz.write(t.instances, tmp_path / "g.svg")
-    root = ET.parse(tmp_path / "g.svg").getroot()
-    assert root.tag.endswith("svg") and "cdist" in (tmp_path / "g.svg").read_text()
-    viz.write(t.instances, tmp_path / "g.png")
-    png = (tmp_path / "g.png").read_bytes()
-    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
-    viz.write(t.instances, tmp_path / "g.pdf")
-    assert (tmp_path / "g.pdf").read_bytes().startswith(b"%PDF")
-    viz.write(t.instances, tmp_path / "g.html")
-    page = (tmp_path / "g.html").read_text()
-    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "<script" not in page
-
-
-@needs_dot
-def test_jupyter_gets_svg_and_png(cdist_example) -> None:
+    one = viz.to_mermaid(viz.fold(t.instances)).splitlines()[1]
+    assert one.startswith("  %% 1 group instance in 1 cluster, ")
     with ag.trace() as t:
-        cdist_example.grouped_cdist(*points()).sum().backward()
-    bundle = t._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "image/svg+xml", "image/png"}
-    assert "cdist" in bundle["image/svg+xml"]
-    ET.fromstring(bundle["image/svg+xml"].encode())
-    assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")
-
-
-def test_jupyter_without_graphviz_gets_mermaid(cdist_example, monkeypatch) -> None:
-    with ag.trace() as t:
-        cdist_example.grouped_cdist(*points()).sum().backward()
-    monkeypatch.setenv("PATH", "")
-    bundle = t._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/markdown"}
-    assert bundle["text/markdown"].startswith("```mermaid\nflowchart TB")
+        for n in (5, 6):
+            cdist_example.grouped_cdist(*points(n=n)).sum().backward()
+    two = viz.to_mermaid(viz.fold(t.instances)).splitlines()[1]
+    assert two.startswith("  %% 2 group instances in 2 clusters, ")
 
 
 def test_importing_the_library_does_not_import_the_drawing_code() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -18,9 +17,9 @@ import torch
 
 import autograd_groups as ag
 from autograd_groups import cli, viz
+from conftest import assert_fits
 
 pytestmark = pytest.mark.filterwarnings("ignore:'setParseAction' deprecated")
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 
 NESTED = textwrap.dedent('''
     import sys
@@ -82,23 +81,33 @@ def script(tmp_path: Path, source: str, name: str = "script.py") -> Path:
     return path
 
 
-def run(*args: str, path: str | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200")
+def run(*args: str, path: str | None = None, cwd: Path | None = None, columns: int = 200,
+        pythonpath: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``autograd-groups ARGS`` in a subprocess whose stdout is a pipe, not a terminal."""
+    env = dict(os.environ, COLUMNS=str(columns))
     if path is not None:
         env["PATH"] = path
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return subprocess.run([sys.executable, "-m", "autograd_groups.cli", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=300)
 
 
-@needs_dot
-def test_viz_draws_svg_and_png(tmp_path: Path) -> None:
+def empty_folder(tmp_path: Path, name: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    return folder
+
+
+def test_viz_draws_svg_and_png_with_no_dot_on_path(tmp_path: Path) -> None:
     source = script(tmp_path, NESTED)
-    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"))
+    no_dot = str(empty_folder(tmp_path, "bin"))
+    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"), path=no_dot)
     assert done.returncode == 0, done.stderr
     svg = (tmp_path / "g.svg").read_text()
     ET.fromstring(svg.encode())
     assert "alpha ×3" in svg and "beta" in svg
-    done = run("viz", str(source), "--out", str(tmp_path / "g.png"))
+    done = run("viz", str(source), "--out", str(tmp_path / "g.png"), path=no_dot)
     assert done.returncode == 0, done.stderr
     png = (tmp_path / "g.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
@@ -106,11 +115,15 @@ def test_viz_draws_svg_and_png(tmp_path: Path) -> None:
 
 def test_viz_without_graphviz_says_how_to_install_it_and_writes_dot(tmp_path: Path) -> None:
     source = script(tmp_path, NESTED)
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"), path=str(empty))
+    # Neither a dot program on PATH nor an importable pygraphviz (a package that refuses to import).
+    hidden = empty_folder(tmp_path, "hide")
+    (hidden / "pygraphviz").mkdir()
+    (hidden / "pygraphviz" / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    done = run("viz", str(source), "--out", str(tmp_path / "g.svg"), path=str(empty_folder(tmp_path, "bin")),
+               pythonpath=str(hidden))
     assert done.returncode == 1
-    for hint in ("apt-get install graphviz", "brew install graphviz", "conda install graphviz"):
+    for hint in ("pip install 'autograd-groups[viz]'", "apt-get install graphviz", "brew install graphviz",
+                 "conda install graphviz"):
         assert hint in done.stderr
     assert not (tmp_path / "g.svg").exists()
     (graph,) = pydot.graph_from_dot_file(str(tmp_path / "g.dot"))
@@ -155,31 +168,72 @@ def test_viz_without_out_prints_a_tree(tmp_path: Path, capsys: pytest.CaptureFix
     assert "alpha ×3" in out and "subgradient(sqrt: result == 0 -> 0): 3 elements changed" in out
 
 
-def table_rows(text: str) -> dict[str, list[str]]:
-    """The rich table's data rows, by group name."""
-    rows: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split("│")[1:-1]]
-        if cells and cells[0]:
-            rows[cells[0]] = cells
-    return rows
+def table_rows(text: str) -> list[list[str]]:
+    """The data rows of the rich tables in ``text``, each a list of its stripped cells."""
+    return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
 
 
-def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: Path) -> None:
+LABEL = "subgradient(sqrt: result == 0 -> 0)"
+
+
+@pytest.mark.parametrize("columns", [200, 80])
+def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: Path, columns: int) -> None:
     steps, zeros = 3, [0.0, 0.0]
     source = script(tmp_path, STATS.replace("ZEROS", repr(zeros)))
-    done = run("stats", str(source), "--", str(steps))
+    done = run("stats", str(source), "--", str(steps), columns=columns)
     assert done.returncode == 0, done.stderr
-    rows = table_rows(done.stdout)
-    label = "subgradient(sqrt: result == 0 -> 0)"
-    # group, instances, off, backward passes, rule, calls, changed, verdict
-    assert rows["hit"] == ["hit", str(steps), "0", str(steps), label, str(steps), str(steps * len(zeros)),
-                           "keep on"]
-    assert rows["miss"] == ["miss", str(steps), "0", str(steps), label, str(steps), "0", "can be off"]
-    assert rows["plain"] == ["plain", str(steps), "0", "-", "-", "-", "-", "no rules registered"]
+    assert_fits(done.stdout, columns, whole=["hit", "miss", "plain", LABEL])
+    # The groups' table (group, instances, off, backward passes, verdict), then the rules' table
+    # (group / rule, calls, changed): a row with the group's name, then one per rule.
+    assert table_rows(done.stdout) == [
+        ["hit", str(steps), "0", str(steps), "keep on"],
+        ["miss", str(steps), "0", str(steps), "can be off"],
+        ["plain", str(steps), "0", "-", "no rules registered"],
+        ["hit", "", ""], [LABEL, str(steps), str(steps * len(zeros))],
+        ["miss", "", ""], [LABEL, str(steps), "0"],
+    ]
     line = 'with ag.special_cases(False, groups=["miss"]):'
     assert line in done.stdout.splitlines()
     compile(line + "\n    pass\n", "<pasted>", "exec")
+
+
+def test_stats_keeps_a_long_group_name_whole_at_80_columns(tmp_path: Path) -> None:
+    name = "pairwise_distance_between_rows_of_x"
+    source = script(tmp_path, STATS.replace("ZEROS", "[0.0]").replace('"miss"', repr(name)))
+    done = run("stats", str(source), "--", "1", columns=80)
+    assert done.returncode == 0, done.stderr
+    assert_fits(done.stdout, 80, whole=[name, LABEL, "can be off"])
+
+
+def test_stats_json_is_the_report_of_ag_stats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps, zeros = 2, [0.0, 0.0, 0.0]
+    source = script(tmp_path, STATS.replace("ZEROS", repr(zeros)) + "\nprint('the script talks')\n")
+    assert cli.main(["stats", str(source), "--json", "--", str(steps)]) == 0
+    captured = capsys.readouterr()
+    assert "the script talks" in captured.err        # stdout holds the JSON alone
+    report = json.loads(captured.out)
+    counted = ag.stats()                             # what the run left in the process's counters
+    assert [g["name"] for g in report["groups"]] == sorted(counted) == ["hit", "miss", "plain"]
+    for group in report["groups"]:
+        count = counted[group["name"]]
+        assert {k: group[k] for k in ("instances", "instances_off", "backward_passes", "compiled")} == \
+            {k: count[k] for k in ("instances", "instances_off", "backward_passes", "compiled")}
+        assert [(r["label"], r["kind"], r["calls"], r["changed"]) for r in group["rules"]] == \
+            [(label, r["kind"], r["calls"], r["elements"]) for label, r in count["rules"].items()]
+    verdicts = {g["name"]: g["verdict"] for g in report["groups"]}
+    assert verdicts == {"hit": "keep on", "miss": "can be off", "plain": "no rules registered"}
+    assert report["groups"][0]["rules"][0]["changed"] == steps * len(zeros)
+    assert report["can_be_off"] == ["miss"]
+
+
+def test_version_is_the_installed_package_version() -> None:
+    from importlib.metadata import version
+
+    done = run("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"autograd-groups {version('autograd-groups')}"
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'version = "{version("autograd-groups")}"' in pyproject
 
 
 def test_stats_script_that_fails_passes_its_exit_code_on(tmp_path: Path,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     list_parser.add_argument("--spec", action="append", default=[], metavar="FILE",
                              help="list the groups of this spec file instead (repeatable)")
     _imports_flag(list_parser)
+    list_parser.add_argument("--json", action="store_true",
+                             help="print the same content as JSON (keys: docs/cli.md)")
     list_parser.set_defaults(run=run_list)
 
 
@@ -75,32 +80,64 @@ def run_check(args: argparse.Namespace) -> int:
     return code
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One group as ``list`` shows it."""
+
+    name: str
+    signature: str
+    doc: str
+    rules: tuple[Rule, ...]
+
+
 def run_list(args: argparse.Namespace) -> int:
-    """Print a table of groups and rules: of ``args.spec`` files, else of the registry."""
-    rows: list[tuple[str, str, tuple[Rule, ...]]] = []
+    """Print the groups and their rules, of ``args.spec`` files, else of the registry: as text that
+    wraps at word boundaries to any width, or with ``args.json`` as JSON."""
+    listed: list[Listed] = []
     if args.spec:
         code, files = _validate(args.spec, "list", args.imports)
         if code:
             return code
-        rows = [(e.signature, e.doc, tuple(r for r, _ in e.rules)) for _, entries in files for e in entries]
+        listed = [Listed(e.name, e.signature, e.doc, tuple(r for r, _ in e.rules))
+                  for _, entries in files for e in entries]
     else:
         importlib.import_module("autograd_groups.ops")
         for name, rules in sorted(list_rules().items()):
             group = next((g for g in map(origin, rules) if g is not None), None)
-            rows.append((group.signature if group else name, group.doc if group else "", rules))
-    Console().print(_table(rows))
+            listed.append(Listed(name, group.signature if group else name, group.doc if group else "", rules))
+    if args.json:
+        print(json.dumps(to_json(listed), indent=2))
+    else:
+        Console().print(_blocks(listed))
     return 0
 
 
-def _table(rows: list[tuple[str, str, tuple[Rule, ...]]]) -> Table:
-    table = Table(title="autograd groups", show_lines=True)
-    for column in ("group", "rule", "details", "doc"):
-        table.add_column(column, overflow="fold")
-    for signature, doc, rules in rows:
-        group = Text.assemble((signature, "bold"), ("\n" + doc if doc else "", "dim"))
-        for i, rule in enumerate(rules):
-            table.add_row(group if i == 0 else Text(), Text(rule.kind), Text(_details(rule)), Text(rule.doc))
-    return table
+def to_json(listed: list[Listed]) -> dict[str, object]:
+    """``list --json``: ``{"groups": [{"name", "signature", "doc", "rules": [{"kind", "label",
+    "details", "doc"}]}]}``, the groups in the order ``list`` prints them."""
+    return {"groups": [{"name": g.name, "signature": g.signature, "doc": g.doc,
+                        "rules": [{"kind": r.kind, "label": r.label, "details": _details(r), "doc": r.doc}
+                                  for r in g.rules]}
+                       for g in listed]}
+
+
+def _blocks(listed: list[Listed]) -> Group:
+    # One block per group, not a table: a table's four columns at 80 terminal columns cut signatures
+    # and names mid-word; blocks wrap only at spaces.
+    parts: list[Text | Padding] = []
+    kind_width = max((len(r.kind) for g in listed for r in g.rules), default=0)
+    for group in listed:
+        parts.append(Text(group.signature, style="bold"))
+        if group.doc:
+            parts.append(Padding(Text(group.doc, style="dim"), (0, 0, 0, 2), expand=False))
+        rules = Table.grid(padding=(0, 2))
+        rules.add_column(no_wrap=True, min_width=kind_width)
+        rules.add_column()
+        for rule in group.rules:
+            rules.add_row(Text(rule.kind, style="cyan"),
+                          Text.assemble(_details(rule), ("\n" + rule.doc if rule.doc else "", "dim")))
+        parts += [Padding(rules, (0, 0, 0, 2), expand=False), Text()]
+    return Group(*parts)
 
 
 def _details(rule: Rule) -> str:

@@ -1,5 +1,5 @@
-"""Seeing groups: fold a trace's instances into clusters and draw them (DOT, Mermaid, Graphviz
-pictures, HTML, a terminal tree), save and load traces as JSON.
+"""Seeing groups: fold a trace's instances into clusters and draw them (DOT, Mermaid, pictures
+through pygraphviz or Graphviz's ``dot``, HTML, a terminal tree), save and load traces as JSON.
 
 Nothing here is imported by ``import autograd_groups``; ``Trace``'s export methods import it on use.
 
@@ -20,11 +20,11 @@ from .export import DEFAULT_MAX_NODES, draw, mimebundle, write
 from .fold import Cluster, FoldedGraph, collapse, fold, select
 from .io import InstanceRecord, load, save
 from .mermaid import to_mermaid
-from .render import GraphvizNotFound, run_dot
+from .render import GraphvizNotFound, render_dot, renderer
 from .tree import to_tree
 
 __all__ = [
     "DEFAULT_MAX_NODES", "Cluster", "FoldedGraph", "GraphvizNotFound", "InstanceRecord", "collapse",
-    "draw", "fold", "load", "mimebundle", "run_dot", "save", "select", "to_dot", "to_mermaid", "to_tree",
-    "write",
+    "draw", "fold", "load", "mimebundle", "render_dot", "renderer", "save", "select", "to_dot",
+    "to_mermaid", "to_tree", "write",
 ]

@@ -2,15 +2,17 @@
 draw what it traced or report its rule hits.
 
 Exit codes: 0 done; 1 the script failed (its traceback is shown, no file is written) or the
-drawing could not be made (e.g. no Graphviz for a picture: the ``.dot`` is written instead);
+drawing could not be made (e.g. neither pygraphviz nor Graphviz's ``dot`` for a picture: the
+``.dot`` is written instead);
 2 usage errors, a missing script included. A script that calls ``sys.exit(n)`` exits with ``n``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
-import shutil
 import sys
 from typing import Any
 
@@ -20,7 +22,7 @@ from ..errors import GroupError
 from .export import DEFAULT_MAX_NODES
 
 VIZ_USAGE = "autograd-groups viz SCRIPT.py [--out FILE] [--group NAME] [--max-nodes N] [-- ARGS]"
-STATS_USAGE = "autograd-groups stats SCRIPT.py [-- ARGS]"
+STATS_USAGE = "autograd-groups stats SCRIPT.py [--json] [-- ARGS]"
 
 
 def _script_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +53,8 @@ def register(subparsers: Any) -> None:
     _script_arguments(viz)
     viz.add_argument("--out", metavar="FILE",
                      help="write FILE instead of printing a tree: .dot, .mmd (Mermaid), .json (the "
-                          "trace), or with Graphviz .svg, .png, .pdf, .html")
+                          "trace), or a picture .svg, .png, .pdf, .html (drawn with pygraphviz, "
+                          "pip install 'autograd-groups[viz]', or Graphviz's dot)")
     viz.add_argument("--group", metavar="NAME",
                      help="draw only group NAME's instances and the groups nested in them")
     viz.add_argument("--max-nodes", metavar="N", type=int, default=DEFAULT_MAX_NODES,
@@ -64,6 +67,9 @@ def register(subparsers: Any) -> None:
                     "backward passes and rule hits, and which groups never hit a special point "
                     "(their special cases can be turned off).")
     _script_arguments(stats)
+    stats.add_argument("--json", action="store_true",
+                       help="print the report as JSON (keys: docs/cli.md); the script's own output "
+                            "goes to stderr")
     stats.set_defaults(run=run_stats)
 
 
@@ -94,10 +100,10 @@ def run_viz(args: argparse.Namespace) -> int:
         except GroupError as e:
             _say(f"autograd-groups viz: error: {e}")
             return 2
-        if suffix in render.FORMATS and shutil.which("dot") is None:
+        if suffix in render.FORMATS and render.renderer() is None:
             out = os.path.splitext(out)[0] + ".dot"
-            _say(f"Graphviz's `dot` is not on PATH: {args.out} cannot be drawn, {out} will be written "
-                 f"instead")
+            _say(f"neither pygraphviz nor Graphviz's `dot` is installed: {args.out} cannot be drawn, "
+                 f"{out} will be written instead")
     if not _check_script("viz", args.script):
         return 2
     with ag.trace() as session:
@@ -116,8 +122,8 @@ def run_viz(args: argparse.Namespace) -> int:
         _say(f"collapsed {len(folded.collapsed)} clusters to fit --max-nodes {args.max_nodes}")
     _say(f"wrote {out}")
     if out != args.out:
-        _say(f"autograd-groups viz: error: {args.out} not drawn: Graphviz's `dot` is not on PATH; "
-             f"{render.INSTALL_HINT}, then run this command again")
+        _say(f"autograd-groups viz: error: {args.out} not drawn: no Graphviz; {render.INSTALL_HINT}, "
+             f"then run this command again")
         return 1
     return 0
 
@@ -131,22 +137,29 @@ def run_stats(args: argparse.Namespace) -> int:
     if not _check_script("stats", args.script):
         return 2
     ag.reset_stats()
-    # Elements changed are counted only for traced instances, so the script runs traced.
-    with ag.trace():
+    # Elements changed are counted only for traced instances, so the script runs traced. With
+    # --json, stdout holds the JSON alone: what the script prints goes to stderr.
+    with ag.trace(), contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)
     if code:
         return code
     found = stats.reports(ag.stats(), ag.list_rules())
+    if args.json:
+        print(json.dumps(stats.to_json(found), indent=2))
+        return 0
     console = Console()
     if not found:
         console.print("no group instance was created")
         return 0
-    console.print(stats.table(found))
+    console.print(stats.group_table(found))
+    rules = stats.rule_table(found)
+    if rules is not None:
+        console.print(rules)
     for meaning in stats.legend(found):
         console.print(meaning, markup=False, highlight=False)
     line = stats.off_line(found)
     if line is not None:
-        print("These groups never hit a special point in this run; their special cases can be turned off:")
+        print("These groups never reached a special point; their special cases can be off:")
         print(line)
     return 0
 

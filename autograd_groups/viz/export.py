@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ from .dot import to_dot
 from .fold import FoldedGraph, InstanceLike, collapse, fold, select
 from .io import atomic_write, dumps
 from .mermaid import to_mermaid
-from .render import FORMATS, html_page, run_dot
+from .render import FORMATS, GraphvizNotFound, html_page, render_dot
 from .style import summary
 
 TEXT_SUFFIXES = (".dot", ".mmd", ".json")
@@ -41,8 +40,10 @@ def suffix_of(path: str | os.PathLike[str]) -> str:
 def write(instances: Sequence[InstanceLike], path: str | os.PathLike[str], group: str | None = None,
            max_nodes: int | None = DEFAULT_MAX_NODES) -> FoldedGraph | None:
     """Write ``instances`` to ``path``: ``.json`` the trace itself; ``.dot``/``.mmd`` the folded
-    drawing as text; ``.svg``/``.png``/``.pdf``/``.html`` rendered by Graphviz. Returns the folded
-    drawing (None for ``.json``). The file is written whole or not at all.
+    drawing as text; ``.svg``/``.png``/``.pdf``/``.html`` drawn by :func:`render.render_dot
+    <autograd_groups.viz.render.render_dot>` (pygraphviz, else a ``dot`` on ``PATH``; else
+    :class:`GraphvizNotFound` and no file). Returns the folded drawing (None for ``.json``). The file
+    is written whole or not at all.
 
     >>> import os, tempfile, torch, autograd_groups as ag
     >>> @ag.autograd_group("double")
@@ -65,22 +66,25 @@ def write(instances: Sequence[InstanceLike], path: str | os.PathLike[str], group
         data = to_mermaid(folded).encode()
     elif suffix == ".html":
         title = f"autograd-groups: {summary(folded)}"
-        data = html_page(run_dot(to_dot(folded), "svg").decode(), title).encode()
+        data = html_page(render_dot(to_dot(folded), "svg").decode(), title).encode()
     else:
-        data = run_dot(to_dot(folded), FORMATS[suffix])
+        data = render_dot(to_dot(folded), FORMATS[suffix])
     atomic_write(path, data)
     return folded
 
 
 def mimebundle(instances: Sequence[InstanceLike]) -> dict[str, Any]:
-    """Jupyter's view of a trace: SVG and PNG (VS Code needs both) when Graphviz is installed,
-    else the Mermaid text; always a plain-text summary."""
+    """Jupyter's view of a trace: SVG and PNG (VS Code needs both) when a picture can be drawn (see
+    :func:`render.render_dot <autograd_groups.viz.render.render_dot>`), else the Mermaid text;
+    always a plain-text summary."""
     folded = draw(instances, max_nodes=DEFAULT_MAX_NODES)
     bundle: dict[str, Any] = {"text/plain": f"<Trace: {summary(folded)}>"}
-    if shutil.which("dot") is None:
+    source = to_dot(folded)
+    try:
+        svg, png = render_dot(source, "svg"), render_dot(source, "png")
+    except GraphvizNotFound:
         bundle["text/markdown"] = f"```mermaid\n{to_mermaid(folded)}```\n"
         return bundle
-    source = to_dot(folded)
-    bundle["image/svg+xml"] = run_dot(source, "svg").decode()
-    bundle["image/png"] = base64.b64encode(run_dot(source, "png")).decode("ascii")
+    bundle["image/svg+xml"] = svg.decode()
+    bundle["image/png"] = base64.b64encode(png).decode("ascii")
     return bundle

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,17 +43,11 @@ class InstanceRecord:
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder, so ``path`` holds
-    either its old content or all of ``data``, never a partial file. The file gets the mode any
-    new file gets (0666 less the umask), as with ``open(path, "w")``."""
+    either its old content or all of ``data``, never a partial file. The file gets the permissions
+    of any new file (0o666 less the umask), not ``mkstemp``'s private 0o600."""
     folder = os.path.dirname(os.path.abspath(path))
-    while True:
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
-        try:
-            # Not tempfile.mkstemp: it makes the file 0600 whatever the umask.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -51,7 +51,7 @@ def to_mermaid(folded: FoldedGraph) -> str:
     >>> with ag.trace() as t:
     ...     double(torch.ones(2, requires_grad=True)).sum().backward()
     >>> to_mermaid(fold(t.instances)).splitlines()[:2]
-    ['flowchart TB', '  %% 1 group instances in 1 clusters, 2 vertices; gradients flow along the arrows']
+    ['flowchart TB', '  %% 1 group instance in 1 cluster, 2 vertices; gradients flow along the arrows']
     """
     graph = folded.graph
     names = {v: f"v{k}" for k, v in enumerate(graph)}

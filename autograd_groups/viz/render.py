@@ -1,40 +1,80 @@
-"""Pictures from DOT text through Graphviz's ``dot`` program, and the one-page HTML viewer."""
+"""Pictures from DOT text, and the one-page HTML viewer.
+
+One function, :func:`render_dot`, decides how a picture is drawn, in this order:
+
+1. ``pygraphviz`` 2.x (the ``viz`` extra: ``pip install 'autograd-groups[viz]'``): its wheels bundle
+   the Graphviz libraries and lay the graph out in process, so no system package is needed;
+2. Graphviz's ``dot`` program on ``PATH`` (the OS package);
+3. neither: :class:`GraphvizNotFound`, whose message says both ways to get one. Callers then write
+   what needs no Graphviz (DOT, Mermaid, JSON) instead.
+"""
 
 from __future__ import annotations
 
 import html
+import importlib
 import shutil
 import subprocess
+from types import ModuleType
 
 from ..errors import GroupError
 
-INSTALL_HINT = ("install Graphviz to get pictures: `apt-get install graphviz` (Debian/Ubuntu), "
+INSTALL_HINT = ("to draw pictures, `pip install 'autograd-groups[viz]'` (pygraphviz, which bundles "
+                "Graphviz) or install Graphviz's `dot`: `apt-get install graphviz` (Debian/Ubuntu), "
                 "`brew install graphviz` (macOS) or `conda install graphviz`")
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".html": "svg"}
+PYGRAPHVIZ = "pygraphviz"
 
 
 class GraphvizNotFound(GroupError):
-    """Graphviz's ``dot`` program is not on ``PATH``."""
+    """Neither pygraphviz (2.x) nor Graphviz's ``dot`` program is installed."""
 
 
-def find_dot() -> str:
-    """The path of Graphviz's ``dot``; raises :class:`GraphvizNotFound` with an install hint."""
-    found = shutil.which("dot")
-    if found is None:
-        raise GraphvizNotFound(f"Graphviz's `dot` program is not on PATH; {INSTALL_HINT}")
-    return found
+def _pygraphviz() -> ModuleType | None:
+    try:
+        module = importlib.import_module(PYGRAPHVIZ)
+    except ImportError:
+        return None
+    # pygraphviz 1.x needs a system Graphviz and draws through its programs: not the bundled way.
+    major = str(getattr(module, "__version__", "0")).split(".")[0]
+    return module if major.isdigit() and int(major) >= 2 else None
 
 
-def run_dot(source: str, fmt: str) -> bytes:
-    """``source`` (DOT text) drawn by Graphviz as ``fmt`` (``svg``, ``png``, ``pdf``).
+def renderer() -> str | None:
+    """How :func:`render_dot` would draw here: ``"pygraphviz"``, the path of a ``dot`` program, or
+    None when neither is installed.
 
-    >>> run_dot("digraph { a -> b }", "svg").startswith(b"<?xml")
+    >>> renderer() in (None, "pygraphviz") or renderer().endswith("dot")
     True
     """
-    done = subprocess.run([find_dot(), f"-T{fmt}"], input=source.encode(), capture_output=True,
-                          check=False)
+    if _pygraphviz() is not None:
+        return PYGRAPHVIZ
+    return shutil.which("dot")
+
+
+def render_dot(source: str, fmt: str) -> bytes:
+    """``source`` (DOT text) laid out by Graphviz's dot algorithm and drawn as ``fmt`` (``svg``,
+    ``png``, ``pdf``), through the first of pygraphviz or a ``dot`` on ``PATH`` that is installed;
+    raises :class:`GraphvizNotFound` with both ways to install one when neither is.
+
+    >>> render_dot("digraph { a -> b }", "svg").lstrip().startswith(b"<?xml")
+    True
+    """
+    way = renderer()
+    if way is None:
+        raise GraphvizNotFound(f"no Graphviz to draw {fmt}: neither pygraphviz (2.x) nor a `dot` "
+                               f"program on PATH is installed; {INSTALL_HINT}")
+    if way == PYGRAPHVIZ:
+        module = _pygraphviz()
+        assert module is not None
+        try:
+            drawn: bytes = module.AGraph(string=source).draw(format=fmt, prog="dot")
+        except (ValueError, TypeError) as e:
+            raise GroupError(f"pygraphviz failed drawing {fmt}: {e}") from None
+        return drawn
+    done = subprocess.run([way, f"-T{fmt}"], input=source.encode(), capture_output=True, check=False)
     if done.returncode != 0:
-        raise GroupError(f"Graphviz's dot failed (exit {done.returncode}) drawing {fmt}: "
+        raise GroupError(f"Graphviz's dot ({way}) failed (exit {done.returncode}) drawing {fmt}: "
                          f"{done.stderr.decode(errors='replace').strip()}")
     return done.stdout
 

@@ -1,5 +1,5 @@
 """The ``stats`` report: per group, how often it ran, how often its rules changed anything, and
-whether its special cases could be turned off."""
+whether its special cases could be turned off; as two tables that fit 80 columns, or as JSON."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.markup import escape
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 KEEP = "keep on"
 SAFE = "can be off"
@@ -86,29 +88,60 @@ def reports(counts: Mapping[str, Mapping[str, Any]],
     return found
 
 
-def table(found: Sequence[GroupReport]) -> Table:
-    """The rich table of ``found``: one row per rule (one per group without rules)."""
-    out = Table(title="special cases per group, this run", caption="changed: elements a subgradient or "
-                "nan_safe rule set, or firings of an override; off: instances made with special cases off")
+def group_table(found: Sequence[GroupReport]) -> Table:
+    """One row per group of ``found``: its instances, passes and verdict. The rules have their own
+    table (:func:`rule_table`): in one table, eight columns cannot fit 80 without cutting names.
+    Every column folds rather than ellipsises when the terminal is too narrow."""
+    out = Table(title="special cases per group, this run",
+                caption="off: instances made with special cases off")
     out.add_column("group", overflow="fold")
-    for column in ("instances", "off", "backward passes"):
-        out.add_column(column, justify="right")
-    out.add_column("rule", overflow="fold")
-    out.add_column("calls", justify="right")
-    out.add_column("changed", justify="right")
-    out.add_column("verdict", no_wrap=True)
+    for column in ("instances", "off", "backward\npasses"):
+        out.add_column(column, justify="right", overflow="fold")
+    out.add_column("verdict", overflow="fold")
     for report in found:
-        rows = report.rules or [RuleRow("-", "-", 0, 0)]
         color = {KEEP: "red", SAFE: "green"}.get(report.verdict, "dim")
-        for k, rule in enumerate(rows):
-            first = k == 0
-            numbers = [str(report.instances), str(report.instances_off),
-                       str(report.backward_passes) if report.rules else "-"] if first else ["", "", ""]
-            counts = [str(rule.calls), str(rule.changed)] if report.rules else ["-", "-"]
-            out.add_row(escape(report.name) if first else "", *numbers, escape(rule.label), *counts,
-                        f"[{color}]{escape(report.verdict)}[/]" if first else "",
-                        end_section=k == len(rows) - 1)
+        out.add_row(escape(report.name), str(report.instances), str(report.instances_off),
+                    str(report.backward_passes) if report.rules else "-",
+                    f"[{color}]{escape(report.verdict)}[/]")
     return out
+
+
+def rule_table(found: Sequence[GroupReport]) -> Table | None:
+    """Per group of ``found`` with rules, a row with its name, then one row per rule (None when no
+    group has a rule). Names and rules share one column, so that neither shrinks the other."""
+    if not any(report.rules for report in found):
+        return None
+    out = Table(title="their rules", caption="changed: elements a subgradient or nan_safe rule set, "
+                "or firings of an override")
+    out.add_column("group / rule", overflow="fold")
+    out.add_column("calls", justify="right", overflow="fold")
+    out.add_column("changed", justify="right", overflow="fold")
+    for report in (r for r in found if r.rules):
+        out.add_row(Text(report.name, style="bold"), "", "")
+        for k, rule in enumerate(report.rules):
+            out.add_row(Padding(Text(rule.label), (0, 0, 0, 2)), str(rule.calls), str(rule.changed),
+                        end_section=k == len(report.rules) - 1)
+    return out
+
+
+def to_json(found: Sequence[GroupReport]) -> dict[str, Any]:
+    """``stats --json``: the tables' content. ``groups``: per group ``name``, ``instances``,
+    ``instances_off``, ``backward_passes``, ``compiled``, ``verdict`` and ``rules`` (per rule
+    ``label``, ``kind``, ``calls``, ``changed``); ``can_be_off``: the groups whose special cases can
+    be turned off.
+
+    >>> to_json(reports({"g": {"instances": 1, "instances_off": 0, "backward_passes": 1,
+    ...     "rules": {}}}, {}))["groups"][0]["verdict"]
+    'no rules registered'
+    """
+    return {
+        "groups": [{"name": r.name, "instances": r.instances, "instances_off": r.instances_off,
+                    "backward_passes": r.backward_passes, "compiled": r.compiled, "verdict": r.verdict,
+                    "rules": [{"label": rule.label, "kind": rule.kind, "calls": rule.calls,
+                               "changed": rule.changed} for rule in r.rules]}
+                   for r in found],
+        "can_be_off": _can_be_off(found),
+    }
 
 
 def legend(found: Sequence[GroupReport]) -> list[str]:
@@ -117,7 +150,11 @@ def legend(found: Sequence[GroupReport]) -> list[str]:
     return [f"{verdict}: {LEGEND[verdict]}" for verdict in verdicts]
 
 
+def _can_be_off(found: Sequence[GroupReport]) -> list[str]:
+    return [r.name for r in found if r.verdict == SAFE]
+
+
 def off_line(found: Sequence[GroupReport]) -> str | None:
     """The ``with`` line that turns off the special cases of every group that never hit one."""
-    names = [r.name for r in found if r.verdict == SAFE]
+    names = _can_be_off(found)
     return f"with ag.special_cases(False, groups={json.dumps(names)}):" if names else None

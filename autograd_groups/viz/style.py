@@ -59,10 +59,15 @@ def cluster_lines(cluster: Cluster) -> list[str]:
     return lines
 
 
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def summary(folded: FoldedGraph) -> str:
     """One line about the whole drawing."""
-    text = (f"{folded.instances} group instances in {len(folded.clusters)} clusters, "
-            f"{folded.graph.number_of_nodes()} vertices; gradients flow along the arrows")
+    text = (f"{_count(folded.instances, 'group instance')} in {_count(len(folded.clusters), 'cluster')}, "
+            f"{_count(folded.graph.number_of_nodes(), 'vertex', 'vertices')}; gradients flow along the "
+            f"arrows")
     if folded.collapsed:
         text += f"; collapsed: {', '.join(folded.collapsed)}"
     return text
