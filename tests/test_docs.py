@@ -8,11 +8,9 @@ local files and the mkdocs navigation are checked too.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 import autograd_groups as ag
@@ -57,16 +55,10 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         pytest.skip(f"{_name(page)} has no python blocks")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
-    try:
-        with ag.registry_scope():
-            for line, code in blocks:
-                # Padding with newlines makes tracebacks point at the line in the Markdown file.
-                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
-    finally:
-        if "torch._dynamo" in sys.modules:
-            # A page's compiled functions live in Dynamo's caches with the group instances and
-            # rule sites they traced; tests/test_memory.py, later in the same worker, counts those.
-            torch._dynamo.reset()
+    with ag.registry_scope():
+        for line, code in blocks:
+            # Padding with newlines makes tracebacks point at the line in the Markdown file.
+            exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
