@@ -36,7 +36,7 @@ def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
 @autograd_group("ops.cdist")
 def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
           compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> torch.Tensor:
-    """``torch.cdist`` for ``0 < p <= inf``: p-norm distances between the rows of ``x1`` and ``x2``.
+    """``torch.cdist``, ``0 <= p <= inf``: p-norm distances between the rows of ``x1`` and ``x2``.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], requires_grad=True)
@@ -48,7 +48,7 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
         raise ValueError(f"ops.cdist: x1 and x2 must be at least 2-D with the same number of columns, "
                          f"got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
-    p = check_order(p, "ops.cdist")
+    p = check_order(p, "ops.cdist", negative=False)
     if p != 2:
         return _direct(x1, x2, p)
     use_mm = _use_mm(x1, x2, compute_mode)
@@ -80,7 +80,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """
     if input.dim() != 2:
         raise ValueError(f"ops.pdist: input must be 2-D, got shape {tuple(input.shape)}")
-    p = check_order(p, "ops.pdist")
+    p = check_order(p, "ops.pdist", negative=False)
     n = input.shape[0]
     rows, cols = torch.triu_indices(n, n, 1, device=input.device)
     return p_norm(input.index_select(0, rows) - input.index_select(0, cols), p, (-1,), False)

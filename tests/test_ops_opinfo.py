@@ -1,0 +1,303 @@
+"""The built-ins on PyTorch's own test inputs: every sample of the OpInfo of each op that has one.
+
+``torch.testing._internal.common_methods_invocations.op_db`` describes each torch op with sample
+inputs (``sample_inputs``) and, for some, ``reference_inputs``: broadcasting, non-contiguous
+tensors, scalars, empty tensors, extremal values. Where an OpInfo has a reference-inputs function its
+reference inputs start with its sample inputs, so those are run; otherwise the sample inputs. Each
+sample runs in float64 and float32, through the built-in and through the native op:
+
+- the forward values are equal;
+- the first-order gradients of every differentiable input are equal, for a random ``grad_output``;
+- the second order, the gradient of ``sum(grad · v)`` with respect to the inputs and to
+  ``grad_output``, is equal, for a random ``v``;
+- where the native op raises, the built-in raises the same error type with the same message.
+
+"Equal" is elementwise where the native result is finite; where it is not, the built-in must give
+the same non-finite value, or a finite one that equals the op's :class:`Entry` ``reference``, an
+independent formula written from other native ops: those are the points where the built-in is
+"finite where PyTorch is not", listed in docs/builtins.md. Native ``cdist`` and ``pdist`` have no
+double backward outside the matmul form; there the second order is compared with the reference.
+
+Samples outside a built-in's documented domain are listed in :data:`OUTSIDE`, with the reason.
+
+    python tests/test_ops_opinfo.py      # the counts, per op and in all
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import SampleInput, op_db
+from torch.testing._internal.opinfo.core import OpInfo
+
+from autograd_groups import ops
+
+DTYPES = [torch.float64, torch.float32]
+#: float32: a composite rounds after every op where the native kernel fuses: a few tens of ulps.
+TOLERANCE = {torch.float64: {"rtol": 1e-7, "atol": 1e-7}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
+Fn = Callable[..., Any]
+
+
+def _cdist_reference(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0, compute_mode: str = "") -> torch.Tensor:
+    return torch.linalg.vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, -1)
+
+
+def _pdist_reference(x: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    rows, cols = torch.triu_indices(x.shape[0], x.shape[0], 1)
+    return torch.linalg.vector_norm(x[rows] - x[cols], p, -1)
+
+
+class _PowReference(torch.autograd.Function):
+    """``torch.pow`` whose first derivatives are those of PyTorch's ``pow_backward_self`` and
+    ``pow_backward_exponent`` (FunctionsManual.cpp), written with a double ``where`` so that their own
+    derivatives are finite at a zero base, and with a negative base's sign held constant, so that the
+    exponent's derivative is ``x ** y * log|x|`` (torch.pow's is NaN there)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, y)
+        return torch.pow(x, y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = ctx.saved_tensors
+        zero = y == 0
+        d_x = torch.where(zero, 0.0, grad * y * torch.pow(x, torch.where(zero, 1.0, y - 1)))
+        held = (x == 0) & (y >= 0)
+        safe = torch.where(held, 1.0, x.abs())
+        sign = torch.pow(x, y).sign().detach()
+        d_y = torch.where(held, 0.0, grad * sign * torch.pow(safe, y) * torch.log(safe))
+        return d_x.sum_to_size(x.shape), d_y.sum_to_size(y.shape)
+
+
+def _pow_reference(base: Any, exponent: Any) -> torch.Tensor:
+    like = base if isinstance(base, torch.Tensor) else exponent
+    x, y = (v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=like.dtype) for v in (base, exponent))
+    return _PowReference.apply(x, y)
+
+
+def _atan2_reference(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``torch.atan2`` with a double ``where`` at the origin: every derivative is 0 there."""
+    origin = (x == 0) & (y == 0)
+    safe = torch.atan2(torch.where(origin, 1.0, y), torch.where(origin, 1.0, x))
+    return torch.where(origin, torch.atan2(y, x).detach(), safe)
+
+
+def _logsumexp_reference(x: torch.Tensor, dim: Any, keepdim: bool = False) -> torch.Tensor:
+    """``torch.logsumexp`` with a double ``where`` at slices that are all ``-inf``: -inf, gradient 0."""
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    empty = (x == -math.inf).to(x.dtype).mean(dims, keepdim=True) == 1
+    safe = torch.logsumexp(torch.where(empty, 0.0, x), dims, keepdim=True)
+    out = torch.where(empty, -math.inf, safe)
+    return out if keepdim else out.squeeze(dims)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One OpInfo (``name``, ``variant``) and the built-in called with its samples' arguments."""
+
+    name: str
+    ours: Fn
+    variant: str = ""
+    reference: Fn | None = None
+
+
+ENTRIES = [
+    Entry("cdist", ops.cdist, reference=_cdist_reference),
+    Entry("nn.functional.pdist", ops.pdist, reference=_pdist_reference),
+    Entry("dist", ops.dist),
+    Entry("linalg.vector_norm", ops.vector_norm),
+    Entry("nn.functional.normalize", ops.normalize),
+    Entry("nn.functional.cosine_similarity", ops.cosine_similarity),
+    Entry("std", ops.std),
+    Entry("std", ops.std, "unbiased"),
+    Entry("var", ops.var),
+    Entry("var", ops.var, "unbiased"),
+    Entry("pow", ops.pow, reference=_pow_reference),
+    Entry("atan2", ops.atan2, reference=_atan2_reference),
+    Entry("xlogy", ops.xlogy),
+    Entry("logsumexp", ops.logsumexp, reference=_logsumexp_reference),
+]
+
+def _values(sample: SampleInput) -> list[torch.Tensor]:
+    found = [sample.input, *sample.args]
+    return [t.detach() for t in found if isinstance(t, torch.Tensor)]
+
+
+def _not_finite(sample: SampleInput) -> bool:
+    return any(not bool(t.isfinite().all()) for t in _values(sample))
+
+
+def _huge_exponent_of_negative_base(sample: SampleInput) -> bool:
+    base, exponent = (torch.as_tensor(v) for v in (sample.input, sample.args[0]))
+    return bool((base < 0).any()) and bool((exponent.abs() >= 2.0 ** 24).any())
+
+
+#: Samples outside a built-in's documented domain: (OpInfo name, predicate over the sample, reason).
+OUTSIDE: list[tuple[str, Callable[[SampleInput], bool], str]] = [
+    ("atan2", _not_finite, "an infinite coordinate: ops.atan2's half-angle quotient is inf / inf there; "
+                           "NaN propagates as in torch.atan2"),
+    ("pow", _not_finite, "an infinite or NaN base or exponent: exp(y log|x|) is exp(inf * 0) where C's "
+                         "pow special-cases 1 ** inf, (-1) ** inf and nan ** 0"),
+    ("pow", _huge_exponent_of_negative_base,
+     "a negative base with an exponent beyond 2^24: the exponent's parity, which gives the sign, is "
+     "not representable in float32, and torch.pow's own gradient rounds y - 1 to y"),
+]
+
+
+@dataclass
+class Tally:
+    """What one op's run compared."""
+
+    samples: int = 0
+    comparisons: int = 0
+    finite_points: int = 0
+    outside: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def _opinfo(entry: Entry) -> OpInfo:
+    return next(o for o in op_db if o.name == entry.name and o.variant_test_name == entry.variant)
+
+
+def _samples(info: OpInfo, dtype: torch.dtype) -> Iterator[SampleInput]:
+    torch.manual_seed(0)
+    if info.reference_inputs_func is not None:
+        return info.reference_inputs("cpu", dtype, requires_grad=True)
+    return info.sample_inputs("cpu", dtype, requires_grad=True)
+
+
+def _leaves(sample: SampleInput) -> list[torch.Tensor]:
+    found = [sample.input, *sample.args, *sample.kwargs.values()]
+    return [t for t in found if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _call(fn: Fn, sample: SampleInput) -> torch.Tensor:
+    return fn(sample.input, *sample.args, **sample.kwargs)
+
+
+def _random_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel()), dtype=torch.float64).to(t.dtype)
+
+
+def _derivatives(fn: Fn, sample: SampleInput, order: int) -> list[torch.Tensor]:
+    """``fn``'s value (order 0), the gradients of the sample's leaves (1), or the gradients of
+    ``sum(grad · v)`` with respect to the leaves and ``grad_output`` (2)."""
+    leaves = _leaves(sample)
+    out = _call(fn, sample)
+    if order == 0:
+        return [out.detach()]
+    grad_out = _random_like(out).requires_grad_(order == 2)
+    if not out.requires_grad:  # a piecewise-constant value (an order-0 norm): the gradients are 0
+        return [torch.zeros_like(t) for t in leaves] + ([torch.zeros_like(out)] if order == 2 else [])
+    grads = torch.autograd.grad(out, leaves, grad_out, create_graph=order == 2, allow_unused=True,
+                                materialize_grads=True)
+    if order == 1:
+        return list(grads)
+    total = sum(((g * _random_like(g)).sum() for g in grads), torch.zeros((), dtype=out.dtype))
+    wrt = [*leaves, grad_out]
+    if not total.requires_grad:
+        return [torch.zeros_like(t) for t in wrt]
+    return list(torch.autograd.grad(total, wrt, allow_unused=True, materialize_grads=True))
+
+
+def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor],
+             reference: Callable[[], list[torch.Tensor]] | None, dtype: torch.dtype, tally: Tally) -> None:
+    assert len(ours) == len(theirs), what
+    for k, (mine, native) in enumerate(zip(ours, theirs)):
+        tally.comparisons += 1
+        where = f"{what}[{k}]"
+        assert mine.shape == native.shape, f"{where}: shape {tuple(mine.shape)} != {tuple(native.shape)}"
+        finite = native.isfinite()
+        torch.testing.assert_close(mine[finite], native[finite], **TOLERANCE[dtype], msg=lambda m: f"{where}: {m}")
+        same = (mine == native) | (mine.isnan() & native.isnan())
+        # Values must be the same non-finite number; a derivative may be any non-finite one where
+        # the native one is not finite, or a finite one that the reference confirms.
+        odd = ~finite & ~same & (mine.isfinite() if what != "order 0" else True)
+        if not odd.any():
+            continue
+        assert reference is not None, f"{where}: {mine[odd]} where native gives {native[odd]}, no reference"
+        expected = reference()[k]
+        torch.testing.assert_close(mine[odd], expected[odd], **TOLERANCE[dtype], equal_nan=True,
+                                   msg=lambda m: f"{where} (where native is not finite, against the reference): {m}")
+        tally.finite_points += int((odd & mine.isfinite()).sum())
+
+
+def _native_raises(fn: Fn, sample: SampleInput, order: int) -> Exception | None:
+    try:
+        _derivatives(fn, sample, order)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        return e
+    return None
+
+
+def _describe(sample: SampleInput) -> str:
+    def one(a: Any) -> str:
+        return f"T{tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
+
+    return ", ".join([one(sample.input), *map(one, sample.args), *(f"{k}={one(v)}" for k, v in sample.kwargs.items())])
+
+
+def run(entry: Entry, dtype: torch.dtype) -> Tally:
+    """Compare ``entry``'s built-in with its native op on every sample in ``dtype``."""
+    info = _opinfo(entry)
+    tally = Tally()
+    for n, sample in enumerate(_samples(info, dtype)):
+        reason = next((r for name, pred, r in OUTSIDE if name == entry.name and pred(sample)), None)
+        if reason is not None:
+            tally.outside[reason] = tally.outside.get(reason, 0) + 1
+            continue
+        tally.samples += 1
+        try:
+            _run_sample(entry, info, sample, dtype, tally)
+        except Exception as e:  # noqa: BLE001 - every failure of every sample is reported
+            tally.failures.append(f"{info.name} {dtype} sample {n} {_describe(sample)}: {e!r}")
+    return tally
+
+
+def _run_sample(entry: Entry, info: OpInfo, sample: SampleInput, dtype: torch.dtype, tally: Tally) -> None:
+    orders = (0, 1, 2) if _leaves(sample) else (0,)
+    for order in orders:
+        error = _native_raises(info.op, sample, order)
+        if error is not None and order < 2:
+            with pytest.raises(type(error)) as raised:
+                _derivatives(entry.ours, sample, order)
+            assert str(error) in str(raised.value), f"order {order}: {raised.value!r}, native {error!r}"
+            tally.comparisons += 1
+            return
+        reference = None
+        if entry.reference is not None:
+            ref = entry.reference
+
+            def reference() -> list[torch.Tensor]:
+                return _derivatives(ref, sample, order)
+
+        ours = _derivatives(entry.ours, sample, order)
+        if error is not None:
+            assert reference is not None, f"native has no order-{order} derivative ({error}), no reference"
+            _compare(f"order {order} (reference)", ours, reference(), None, dtype, tally)
+        else:
+            _compare(f"order {order}", ours, _derivatives(info.op, sample, order), reference, dtype, tally)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: f"{e.name}-{e.variant}".rstrip("-"))
+def test_builtin_equals_native_on_opinfo_samples(entry: Entry, dtype: torch.dtype) -> None:
+    tally = run(entry, dtype)
+    assert not tally.failures, "\n".join(tally.failures[:20]) + f"\n({len(tally.failures)} failures)"
+    assert tally.samples > 0
+
+
+if __name__ == "__main__":
+    import sys
+    for e in [e for e in ENTRIES if len(sys.argv) < 2 or e.name in sys.argv[1:]]:
+        for d in DTYPES:
+            t = run(e, d)
+            print(e.name, e.variant, d, t.samples, t.comparisons, t.finite_points, t.outside, len(t.failures))
+            for f in t.failures[:8]:
+                print("   ", f[:400])
