@@ -25,6 +25,7 @@ Samples outside a built-in's documented domain are listed in :data:`OUTSIDE`, wi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -38,8 +39,20 @@ from torch.testing._internal.opinfo.core import OpInfo
 from autograd_groups import ops
 
 DTYPES = [torch.float64, torch.float32]
-#: float32: a composite rounds after every op where the native kernel fuses: a few tens of ulps.
-TOLERANCE = {torch.float64: {"rtol": 1e-7, "atol": 1e-7}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
+#: A composite rounds after every op where the native kernel fuses: a few tens of ulps in float32.
+#: The absolute part scales with the largest value compared, where cancellation leaves an element
+#: near 0 with the rounding error of its largest terms (second derivatives of p-norms, p < 1).
+TOLERANCE = {torch.float64: (1e-7, 1e-7), torch.float32: (1e-4, 1e-5)}
+#: float32 second derivatives add the rounding of two backward passes: normalize with p = 0.5 over a
+#: single element, whose second derivative is 0 up to cancellation, is off by 2e-4 of its terms.
+SECOND_ORDER_FLOAT32 = (1e-3, 1e-3)
+
+
+def _tolerance(expected: torch.Tensor, dtype: torch.dtype, order: int) -> dict[str, float]:
+    rtol, atol = TOLERANCE[dtype] if order < 2 or dtype == torch.float64 else SECOND_ORDER_FLOAT32
+    finite = expected[expected.isfinite()]
+    scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    return {"rtol": rtol, "atol": atol * scale}
 Fn = Callable[..., Any]
 
 
@@ -206,7 +219,7 @@ def _derivatives(fn: Fn, sample: SampleInput, order: int) -> list[torch.Tensor]:
     return list(torch.autograd.grad(total, wrt, allow_unused=True, materialize_grads=True))
 
 
-def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor],
+def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor], order: int,
              reference: Callable[[], list[torch.Tensor]] | None, dtype: torch.dtype, tally: Tally) -> None:
     assert len(ours) == len(theirs), what
     for k, (mine, native) in enumerate(zip(ours, theirs)):
@@ -214,26 +227,27 @@ def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor],
         where = f"{what}[{k}]"
         assert mine.shape == native.shape, f"{where}: shape {tuple(mine.shape)} != {tuple(native.shape)}"
         finite = native.isfinite()
-        torch.testing.assert_close(mine[finite], native[finite], **TOLERANCE[dtype], msg=lambda m: f"{where}: {m}")
-        same = (mine == native) | (mine.isnan() & native.isnan())
-        # Values must be the same non-finite number; a derivative may be any non-finite one where
-        # the native one is not finite, or a finite one that the reference confirms.
-        odd = ~finite & ~same & (mine.isfinite() if what != "order 0" else True)
+        torch.testing.assert_close(mine[finite], native[finite], **_tolerance(native[finite], dtype, order),
+                                   msg=lambda m: f"{where}: {m}")
+        # A value must be the same non-finite number as native's; a derivative may be any non-finite
+        # one where native's is not finite, or a finite one that the reference confirms.
+        odd = ~finite & ~((mine == native) | (mine.isnan() & native.isnan()))
+        if order > 0:
+            odd &= mine.isfinite()
         if not odd.any():
             continue
         assert reference is not None, f"{where}: {mine[odd]} where native gives {native[odd]}, no reference"
         expected = reference()[k]
-        torch.testing.assert_close(mine[odd], expected[odd], **TOLERANCE[dtype], equal_nan=True,
-                                   msg=lambda m: f"{where} (where native is not finite, against the reference): {m}")
-        tally.finite_points += int((odd & mine.isfinite()).sum())
+        torch.testing.assert_close(mine[odd], expected[odd], **_tolerance(expected[odd], dtype, order),
+                                   msg=lambda m: f"{where}, where native is not finite, against the reference: {m}")
+        tally.finite_points += int(odd.sum())
 
 
-def _native_raises(fn: Fn, sample: SampleInput, order: int) -> Exception | None:
+def _native(info: OpInfo, sample: SampleInput, order: int) -> list[torch.Tensor] | Exception:
     try:
-        _derivatives(fn, sample, order)
+        return _derivatives(info.op, sample, order)
     except (RuntimeError, NotImplementedError, ValueError) as e:
         return e
-    return None
 
 
 def _describe(sample: SampleInput) -> str:
@@ -248,41 +262,37 @@ def run(entry: Entry, dtype: torch.dtype) -> Tally:
     info = _opinfo(entry)
     tally = Tally()
     for n, sample in enumerate(_samples(info, dtype)):
-        reason = next((r for name, pred, r in OUTSIDE if name == entry.name and pred(sample)), None)
+        reason = next((r for name, outside, r in OUTSIDE if name == entry.name and outside(sample)), None)
         if reason is not None:
             tally.outside[reason] = tally.outside.get(reason, 0) + 1
             continue
         tally.samples += 1
         try:
             _run_sample(entry, info, sample, dtype, tally)
-        except Exception as e:  # noqa: BLE001 - every failure of every sample is reported
-            tally.failures.append(f"{info.name} {dtype} sample {n} {_describe(sample)}: {e!r}")
+        except Exception as e:  # noqa: BLE001 - every failing sample is reported, not only the first
+            tally.failures.append(f"{info.name} {dtype} sample {n} ({_describe(sample)}): {e!r}")
     return tally
 
 
 def _run_sample(entry: Entry, info: OpInfo, sample: SampleInput, dtype: torch.dtype, tally: Tally) -> None:
-    orders = (0, 1, 2) if _leaves(sample) else (0,)
-    for order in orders:
-        error = _native_raises(info.op, sample, order)
-        if error is not None and order < 2:
-            with pytest.raises(type(error)) as raised:
+    for order in (0, 1, 2) if _leaves(sample) else (0,):
+        native = _native(info, sample, order)
+        reference = None if entry.reference is None else functools.partial(_derivatives, entry.reference,
+                                                                             sample, order)
+        if isinstance(native, Exception) and order < 2:
+            # The native op refuses the sample: the built-in must refuse it with the same error.
+            with pytest.raises(type(native)) as raised:
                 _derivatives(entry.ours, sample, order)
-            assert str(error) in str(raised.value), f"order {order}: {raised.value!r}, native {error!r}"
+            assert str(native) in str(raised.value), f"order {order}: {raised.value!r}, native {native!r}"
             tally.comparisons += 1
             return
-        reference = None
-        if entry.reference is not None:
-            ref = entry.reference
-
-            def reference() -> list[torch.Tensor]:
-                return _derivatives(ref, sample, order)
-
         ours = _derivatives(entry.ours, sample, order)
-        if error is not None:
-            assert reference is not None, f"native has no order-{order} derivative ({error}), no reference"
-            _compare(f"order {order} (reference)", ours, reference(), None, dtype, tally)
+        if isinstance(native, Exception):
+            # No native double backward (cdist, pdist): the reference is the one to equal.
+            assert reference is not None, f"native has no order-{order} derivative ({native}), no reference"
+            _compare(f"order {order} (against the reference)", ours, reference(), order, None, dtype, tally)
         else:
-            _compare(f"order {order}", ours, _derivatives(info.op, sample, order), reference, dtype, tally)
+            _compare(f"order {order}", ours, native, order, reference, dtype, tally)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -290,14 +300,34 @@ def _run_sample(entry: Entry, info: OpInfo, sample: SampleInput, dtype: torch.dt
 def test_builtin_equals_native_on_opinfo_samples(entry: Entry, dtype: torch.dtype) -> None:
     tally = run(entry, dtype)
     assert not tally.failures, "\n".join(tally.failures[:20]) + f"\n({len(tally.failures)} failures)"
-    assert tally.samples > 0
+    assert tally.samples > 0 and tally.comparisons >= tally.samples
+    listed = {reason for name, _, reason in OUTSIDE if name == entry.name}
+    assert set(tally.outside) == listed, "every sample outside the domain is listed, and every listed reason occurs"
+
+
+def _report() -> None:
+    totals = Tally()
+    print("| op | dtype | samples | comparisons | finite where PyTorch is not | outside the domain | failures |")
+    print("|---|---|---|---|---|---|---|")
+    for entry in ENTRIES:
+        for dtype in DTYPES:
+            tally = run(entry, dtype)
+            outside = sum(tally.outside.values())
+            print(f"| {entry.name} {entry.variant} | {str(dtype).removeprefix('torch.')} | {tally.samples} | "
+                  f"{tally.comparisons} | {tally.finite_points} | {outside} | {len(tally.failures)} |")
+            totals.samples += tally.samples
+            totals.comparisons += tally.comparisons
+            totals.finite_points += tally.finite_points
+            for reason, count in tally.outside.items():
+                totals.outside[reason] = totals.outside.get(reason, 0) + count
+            totals.failures += tally.failures
+    print(f"| all | | {totals.samples} | {totals.comparisons} | {totals.finite_points} | "
+          f"{sum(totals.outside.values())} | {len(totals.failures)} |")
+    for reason, count in totals.outside.items():
+        print(f"- outside, {count} samples: {reason}")
+    for failure in totals.failures:
+        print(f"- FAILED {failure}")
 
 
 if __name__ == "__main__":
-    import sys
-    for e in [e for e in ENTRIES if len(sys.argv) < 2 or e.name in sys.argv[1:]]:
-        for d in DTYPES:
-            t = run(e, d)
-            print(e.name, e.variant, d, t.samples, t.comparisons, t.finite_points, t.outside, len(t.failures))
-            for f in t.failures[:8]:
-                print("   ", f[:400])
+    _report()

@@ -58,19 +58,20 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     return torch.exp(y * log_x) * sign
 
 
-def zero_base_low_exponent(ctx: OverrideContext) -> torch.Tensor:
-    """The check of ``ops.pow``'s override: a zero base with an exponent in ``(0, 1]``.
+def zero_base(ctx: OverrideContext) -> torch.Tensor:
+    """The check of ``ops.pow``'s override: a zero base (``-0.0`` included), the one special point.
 
-    There the slope ``y * x ** (y - 1)`` is ``inf`` (or 1 at ``y = 1``), but ``exp`` has already
-    multiplied the gradient by ``x ** y = 0`` before ``log`` divides by ``x``: no op of the chain
-    sees both factors, so no subgradient rule can give ``torch.pow``'s answer.
+    There the slope ``y * x ** (y - 1)`` is the limit of ``0 * inf``: ``exp`` has already multiplied
+    the gradient by ``x ** y = 0`` before ``log`` divides by ``x``, so no op of the chain sees both
+    factors, and no subgradient rule can give ``torch.pow``'s answer (``inf`` for ``0 < y < 1``, 1 at
+    ``y = 1``, 0 above, and a second derivative of 2 at ``y = 2``).
     """
-    x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
-    return ((x == 0) & (y > 0) & (y <= 1)).any()
+    x, _ = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
+    return (x == 0).any()
 
 
 def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``ops.pow``'s replacement backward when :func:`zero_base_low_exponent` fires: the gradients
+    """``ops.pow``'s replacement backward when :func:`zero_base` fires: the gradients
     of ``x ** y`` for its tensor operands as ``torch.pow`` defines them at ``x = 0``
     (``pow_backward_self`` and ``pow_backward_exponent`` of PyTorch's ``FunctionsManual.cpp``)."""
     (result,) = ctx.outputs
