@@ -56,7 +56,8 @@ def _tolerance(expected: torch.Tensor, dtype: torch.dtype, order: int) -> dict[s
 Fn = Callable[..., Any]
 
 
-def _cdist_reference(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0, compute_mode: str = "") -> torch.Tensor:
+def _cdist_reference(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0, compute_mode: str = "",
+                     ) -> torch.Tensor:
     return torch.linalg.vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, -1)
 
 
@@ -195,7 +196,8 @@ def _call(fn: Fn, sample: SampleInput) -> torch.Tensor:
 
 
 def _random_like(t: torch.Tensor) -> torch.Tensor:
-    return torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel()), dtype=torch.float64).to(t.dtype)
+    g = torch.Generator().manual_seed(t.numel())
+    return torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype)
 
 
 def _derivatives(fn: Fn, sample: SampleInput, order: int) -> list[torch.Tensor]:
@@ -228,7 +230,7 @@ def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor], or
         assert mine.shape == native.shape, f"{where}: shape {tuple(mine.shape)} != {tuple(native.shape)}"
         finite = native.isfinite()
         torch.testing.assert_close(mine[finite], native[finite], **_tolerance(native[finite], dtype, order),
-                                   msg=lambda m: f"{where}: {m}")
+                                   msg=functools.partial("{}: {}".format, where))
         # A value must be the same non-finite number as native's; a derivative may be any non-finite
         # one where native's is not finite, or a finite one that the reference confirms.
         odd = ~finite & ~((mine == native) | (mine.isnan() & native.isnan()))
@@ -239,7 +241,7 @@ def _compare(what: str, ours: list[torch.Tensor], theirs: list[torch.Tensor], or
         assert reference is not None, f"{where}: {mine[odd]} where native gives {native[odd]}, no reference"
         expected = reference()[k]
         torch.testing.assert_close(mine[odd], expected[odd], **_tolerance(expected[odd], dtype, order),
-                                   msg=lambda m: f"{where}, where native is not finite, against the reference: {m}")
+                                   msg=functools.partial("{}, against the reference: {}".format, where))
         tally.finite_points += int(odd.sum())
 
 
@@ -254,7 +256,8 @@ def _describe(sample: SampleInput) -> str:
     def one(a: Any) -> str:
         return f"T{tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
 
-    return ", ".join([one(sample.input), *map(one, sample.args), *(f"{k}={one(v)}" for k, v in sample.kwargs.items())])
+    keywords = (f"{k}={one(v)}" for k, v in sample.kwargs.items())
+    return ", ".join([one(sample.input), *map(one, sample.args), *keywords])
 
 
 def run(entry: Entry, dtype: torch.dtype) -> Tally:
@@ -302,12 +305,13 @@ def test_builtin_equals_native_on_opinfo_samples(entry: Entry, dtype: torch.dtyp
     assert not tally.failures, "\n".join(tally.failures[:20]) + f"\n({len(tally.failures)} failures)"
     assert tally.samples > 0 and tally.comparisons >= tally.samples
     listed = {reason for name, _, reason in OUTSIDE if name == entry.name}
-    assert set(tally.outside) == listed, "every sample outside the domain is listed, and every listed reason occurs"
+    assert set(tally.outside) == listed, "samples outside the domain are listed, and listed reasons occur"
 
 
 def _report() -> None:
     totals = Tally()
-    print("| op | dtype | samples | comparisons | finite where PyTorch is not | outside the domain | failures |")
+    print("| op | dtype | samples | comparisons | finite where PyTorch is not | outside the domain "
+          "| failures |")
     print("|---|---|---|---|---|---|---|")
     for entry in ENTRIES:
         for dtype in DTYPES:
