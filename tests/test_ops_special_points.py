@@ -236,7 +236,7 @@ def test_distances_refuse_negative_p_with_torchs_message(op) -> None:
 def test_norms_of_order_zero_and_negative_orders_equal_torch(order) -> None:
     x = torch.tensor([[0.5, -2.0, 3.0], [0.0, 1.0, -4.0]], dtype=torch.float64)
     other = x.flip(0)
-    pairs = [(lambda a: ag.ops.vector_norm(a, order, dim=-1), lambda a: torch.linalg.vector_norm(a, order, -1)),
+    pairs = [(lambda a: ag.ops.vector_norm(a, order, -1), lambda a: torch.linalg.vector_norm(a, order, -1)),
              (lambda a: ag.ops.normalize(a, order, dim=-1), lambda a: F.normalize(a, order, dim=-1)),
              (lambda a: ag.ops.dist(a, other, order), lambda a: torch.dist(a, other, order))]
     for ours, native in pairs:

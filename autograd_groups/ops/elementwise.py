@@ -1,8 +1,9 @@
 """Elementwise ops: ``pow`` as ``exp(y * log|x|)``, ``atan2`` from ``atan``, ``xlogy`` from ``log``.
 
-Each composite defines its value at its special points with ``torch.where`` (``0 ** 0 = 1``,
-``atan2(0, 0) = 0``, ``0 * log 0 = 0``), so only the gradient is left to the rules: the branch that
-``where`` does not select still runs backward, with a zero gradient times an infinite slope.
+Each composite defines its value at its special points itself (``0 ** 0 = 1`` and ``0 * log 0 = 0``
+selected by ``torch.where``, the origin's ``atan2`` by a denominator set to ``inf``), so only the
+gradient is left to the rules: the branch that ``where`` does not select still runs backward, with
+a zero gradient times an infinite slope, and ``hypot``'s slope at the origin is ``0 / 0``.
 """
 
 from __future__ import annotations
@@ -50,12 +51,17 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     tensor([ 0.,  1., 12., 12.])
     """
     x, y = _tensors(input, exponent)
-    with torch.no_grad():
-        sign = _pow_sign(x, y)
-        # |x| as x times its sign: a slope of +-1 at +-0, where abs' subgradient would be 0.
-        unsign = torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
-    log_x = torch.where((x == 0) & (y == 0), 0.0, torch.log(x * unsign))  # 0 ** 0 = 1, as torch.pow
-    return torch.exp(y * log_x) * sign
+    # Bases without a sign bit (the usual case, checked once where the code runs eagerly) skip the
+    # sign's passes over the data.
+    signed = torch.compiler.is_compiling() or bool(torch.signbit(x).any())
+    if signed:
+        with torch.no_grad():
+            sign = _pow_sign(x, y)
+            # |x| as x times its sign: a slope of +-1 at +-0, where abs' subgradient would be 0.
+            unsign = torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
+        x = x * unsign
+    power = torch.exp(y * torch.where((x == 0) & (y == 0), 0.0, torch.log(x)))  # 0 ** 0 = 1
+    return power * sign if signed else power
 
 
 def zero_base(ctx: OverrideContext) -> torch.Tensor:
