@@ -78,6 +78,7 @@ BENCHES = [
           _pair((1024, 1024), (1024, 1024), 0.5), {}),
     Bench("atan2", "1024x1024", ops.atan2, torch.atan2, _pair((1024, 1024), (1024, 1024)), {}),
     Bench("xlogy", "1024x1024", ops.xlogy, torch.xlogy, _pair((1024, 1024), (1024, 1024), 0.5), {}),
+    Bench("logsumexp", "1024x1024, dim=-1", ops.logsumexp, torch.logsumexp, _randn(1024, 1024), {"dim": -1}),
 ]
 
 

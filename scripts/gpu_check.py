@@ -195,6 +195,8 @@ def _speed_cases(device: torch.device, scale: int) -> list[tuple[str, Callable[.
         (f"pow ({rows}, {cols})", ops.pow, torch.pow, (randn(rows, cols).abs(), randn(rows, cols)), {}),
         (f"atan2 ({rows}, {cols})", ops.atan2, torch.atan2, (randn(rows, cols), randn(rows, cols)), {}),
         (f"xlogy ({rows}, {cols})", ops.xlogy, torch.xlogy, (randn(rows, cols), randn(rows, cols).abs()), {}),
+        (f"logsumexp ({rows}, {cols}), dim=-1", ops.logsumexp, torch.logsumexp, (randn(rows, cols),),
+         {"dim": -1}),
     ]
 
 

@@ -131,15 +131,14 @@ def _constant(dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor]:
     return (torch.full((3, 4), 0.75, dtype=dtype),)
 
 
-#: pow's special point is input 0 with exponent >= 0; exponents in (0, 1] are the documented
-#: deviation (tests/test_ops_special_points.py) and are left out here.
-POW_AT_ZERO = [0.0, 1.5, 2.0, 3.0, -1.0, -0.5]
+#: pow's special point is input 0, with any exponent.
+POW_AT_ZERO = [0.0, 1.5, 2.0, 3.0, -1.0, -0.5, 0.5, 1.0]
 
 
 def _pow_inputs(dtype: torch.dtype, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = _uniform(g, dtype, 0.25, 2.0, 2, 8), _uniform(g, dtype, -1.0, 3.0, 2, 8)
-    x[0, :6] = 0
-    y[0, :6] = torch.tensor(POW_AT_ZERO, dtype=dtype)
+    x[0] = 0
+    y[0] = torch.tensor(POW_AT_ZERO, dtype=dtype)
     x[1, 0] = 0.0
     y[1, 0] = 0.0  # and 0 ** 0 once more, beside regular points
     return x, y

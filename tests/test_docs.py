@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import autograd_groups as ag
@@ -55,10 +56,15 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         pytest.skip(f"{_name(page)} has no python blocks")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
-    with ag.registry_scope():
-        for line, code in blocks:
-            # Padding with newlines makes tracebacks point at the line in the Markdown file.
-            exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+    try:
+        with ag.registry_scope():
+            for line, code in blocks:
+                # Padding with newlines makes tracebacks point at the line in the Markdown file.
+                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+    finally:
+        # A page that compiles leaves its group instances in Dynamo's cache, which the leak checks
+        # of tests/test_memory.py would count if they ran next on this worker.
+        torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

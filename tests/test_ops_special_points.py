@@ -6,12 +6,14 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import math
 import pkgutil
 import re
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from ops_cases import forward_backward, upstream
 
 import autograd_groups as ag
@@ -141,3 +143,139 @@ def test_docs_list_every_group_with_its_rule_kinds() -> None:
         if callable(getattr(ops, name)):
             rules = ag.list_rules().get(f"ops.{name}", ())
             assert documented.get(f"ops.{name}") == ({r.kind for r in rules} or {"none"}), name
+
+
+# Regressions found by tests/test_ops_opinfo.py (issue 13), one test each.
+
+
+def _grads(fn, args, create_graph=False):
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    out = fn(*args)
+    return out, torch.autograd.grad(out, leaves, upstream(out), create_graph=create_graph)
+
+
+def _second_order(fn, args):
+    """The gradients of sum(grad * v) with respect to the inputs, for fixed upstream gradient and v."""
+    out, grads = _grads(fn, args, create_graph=True)
+    total = sum((g * (torch.arange(g.numel(), dtype=g.dtype).reshape(g.shape) % 3 + 1)).sum() for g in grads)
+    return torch.autograd.grad(total, [a for a in args if isinstance(a, torch.Tensor)], allow_unused=True,
+                               materialize_grads=True)
+
+
+def _pair(*values, dtype=torch.float64):
+    return [torch.tensor(v, dtype=dtype, requires_grad=True) for v in values]
+
+
+def test_atan2_broadcasting_inputs_that_both_need_gradients() -> None:
+    # The issue's example: ops.atan2 raised a RuleError whenever its inputs broadcast.
+    y, x = torch.randn(5, dtype=torch.float64), torch.randn(5, 1, dtype=torch.float64)
+    ours = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    native = _grads(torch.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    torch.testing.assert_close(ours, native)
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [((), {"dim": 1, "correction": None}), ((False,), {}),
+                                              ((1, True, True), {}), ((), {"dim": 0, "unbiased": False})])
+@pytest.mark.parametrize("name", ["std", "var"])
+def test_std_and_var_take_both_torch_signatures(name, args, kwargs) -> None:
+    x = torch.randn(4, 5, dtype=torch.float64)
+    ours, native = getattr(ag.ops, name), getattr(torch, name)
+    torch.testing.assert_close(ours(x, *args, **kwargs), native(x, *args, **kwargs))
+
+
+def test_std_refuses_unbiased_and_correction_together() -> None:
+    with pytest.raises(ValueError, match="got both unbiased=True and correction=0"):
+        ag.ops.std(torch.randn(3), unbiased=True, correction=0)
+
+
+@pytest.mark.parametrize("zero", [0.0, -0.0])
+def test_xlogy_second_order_at_zero_input_and_negative_other(zero) -> None:
+    # The mixed derivative grad * v_y / other came out 0; torch.xlogy's is finite and right.
+    values = ([zero, zero, 1.0], [-2.0, -0.5, 3.0])
+    ours, native = _second_order(ag.ops.xlogy, _pair(*values)), _second_order(torch.xlogy, _pair(*values))
+    torch.testing.assert_close(ours, native)
+    assert ours[0][0] != 0
+
+
+def test_pow_second_derivative_at_a_zero_base() -> None:
+    # Exponent 2 at x = 0: torch.pow's second derivative is 2 * grad * v; the composite's was 0.
+    for exponent in (2.0, 3.0, 2.5):
+        (x,), (xn,) = _pair([0.0, 1.5]), _pair([0.0, 1.5])
+        ours, native = _second_order(ag.ops.pow, (x, exponent)), _second_order(torch.pow, (xn, exponent))
+        torch.testing.assert_close(ours, native)
+
+
+def test_pow_of_negative_zero_and_negative_bases() -> None:
+    # -0.0 is in the domain: pow(-0.0, -1) = -inf, and the exponent's gradient has native's sign.
+    base, power = [-0.0, -2.0, -2.0, 3.0], [-1.0, 3.0, 2.0, 0.5]
+    (x, y), (xn, yn) = _pair(base, power), _pair(base, power)
+    ours, (gx, gy) = _grads(ag.ops.pow, (x, y))
+    native, (gxn, gyn) = _grads(torch.pow, (xn, yn))
+    assert ours[0] == -math.inf
+    torch.testing.assert_close(ours, native)
+    torch.testing.assert_close(gx, gxn)
+    # The exponent's gradient at a negative base: torch.pow's is NaN (log of a negative number);
+    # ops.pow's is x ** y * log|x| * grad, the sign (-1) ** y held as it is between integers.
+    torch.testing.assert_close(gy[[0, 3]], gyn[[0, 3]])
+    assert gyn[1:3].isnan().all()
+    torch.testing.assert_close(gy[1:3], (native * torch.log(xn.abs()) * upstream(native))[1:3].detach())
+
+
+@pytest.mark.parametrize("op", [ag.ops.cdist, ag.ops.pdist])
+def test_distances_refuse_negative_p_with_torchs_message(op) -> None:
+    args = (torch.randn(3, 2), torch.randn(4, 2)) if op is ag.ops.cdist else (torch.randn(3, 2),)
+    native = torch.cdist if op is ag.ops.cdist else torch.pdist
+    with pytest.raises(RuntimeError) as theirs:
+        native(*args, -1.0)
+    with pytest.raises(RuntimeError, match="ops.(c|p)dist: ") as ours:
+        op(*args, -1.0)
+    assert str(theirs.value) in str(ours.value)
+
+
+@pytest.mark.parametrize("order", [0.0, -1.0, -2.5, -math.inf])
+def test_norms_of_order_zero_and_negative_orders_equal_torch(order) -> None:
+    x = torch.tensor([[0.5, -2.0, 3.0], [0.0, 1.0, -4.0]], dtype=torch.float64)
+    other = x.flip(0)
+    pairs = [(lambda a: ag.ops.vector_norm(a, order, -1), lambda a: torch.linalg.vector_norm(a, order, -1)),
+             (lambda a: ag.ops.normalize(a, order, dim=-1), lambda a: F.normalize(a, order, dim=-1)),
+             (lambda a: ag.ops.dist(a, other, order), lambda a: torch.dist(a, other, order))]
+    for ours, native in pairs:
+        mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, expected = ours(mine), native(theirs)
+        torch.testing.assert_close(out, expected)
+        grad = torch.autograd.grad(out.sum(), mine)[0]
+        # torch's order-0 norm has a grad_fn but no gradient: autograd says the input is unused.
+        (native_grad,) = torch.autograd.grad(expected.sum(), theirs, allow_unused=True,
+                                             materialize_grads=True)
+        torch.testing.assert_close(grad, native_grad)
+
+
+def test_logsumexp_of_a_fully_masked_row_has_gradient_zero() -> None:
+    x = torch.tensor([[1.0, -math.inf, 2.0], [-math.inf, -math.inf, -math.inf], [0.5, 0.25, -1.0]],
+                     dtype=torch.float64)
+    weight = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)  # the masked row does not count
+    mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, native = ag.ops.logsumexp(mine, 1), torch.logsumexp(theirs, 1)
+    assert torch.equal(ours, native) or torch.allclose(ours, native, equal_nan=True)
+    assert ours[1] == -math.inf
+    (ours * weight).sum().backward()
+    (native * weight).sum().backward()
+    assert theirs.grad[1].isnan().all(), "torch.logsumexp's NaN even at weight 0: the reason for the rule"
+    assert mine.grad is not None and torch.equal(mine.grad[1], torch.zeros(3, dtype=torch.float64))
+    torch.testing.assert_close(mine.grad[[0, 2]], theirs.grad[[0, 2]])
+    with ag.special_cases(False):
+        plain = x.clone().requires_grad_()
+        (ag.ops.logsumexp(plain, 1) * weight).sum().backward()
+    assert plain.grad is not None and plain.grad[1].isnan().all()
+
+
+def test_pdist_matmul_form_equals_torch_pdist_and_needs_no_rule_for_distinct_rows() -> None:
+    x = torch.randn(40, 5, dtype=torch.float64)
+    mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ours, grads = _grads(ag.ops.pdist, (mine,))
+    native, native_grads = _grads(torch.pdist, (theirs,))
+    torch.testing.assert_close(ours, native)
+    torch.testing.assert_close(grads, native_grads)
+    with ag.special_cases(False):  # the diagonal's zero distances never reach the sqrt
+        plain = _grads(ag.ops.pdist, (x.clone().requires_grad_(),))[1][0]
+    assert plain.isfinite().all()

@@ -18,9 +18,10 @@ from .distance import cdist, dist, pdist
 from .elementwise import atan2, pow, xlogy
 from .moments import std, var
 from .norms import cosine_similarity, normalize, vector_norm
+from .reductions import logsumexp
 
 #: What loading ``builtin.yaml`` registered (``SPEC.groups``: the groups and their rules).
 SPEC = load_spec(resources.files(__name__) / "builtin.yaml")
 
-__all__ = ["SPEC", "atan2", "cdist", "cosine_similarity", "dist", "normalize", "pdist", "pow", "std",
-           "var", "vector_norm", "xlogy"]
+__all__ = ["SPEC", "atan2", "cdist", "cosine_similarity", "dist", "logsumexp", "normalize", "pdist", "pow",
+           "std", "var", "vector_norm", "xlogy"]

@@ -8,6 +8,8 @@ give PyTorch's answer there: that pair contributes 0. ``cdist`` with ``p = 2`` f
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..groups.group import autograd_group
@@ -24,19 +26,24 @@ def _use_mm(x1: torch.Tensor, x2: torch.Tensor, compute_mode: str) -> bool | tor
     return compute_mode == "use_mm_for_euclid_dist"
 
 
-def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """ATen's ``_euclidean_dist`` op for op: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
+def _squared_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``|x1|^2 + |x2|^2 - 2 x1.x2`` as ATen's ``_euclidean_dist`` computes it: one matrix product."""
     x1_norm = (x1 * x1).sum(-1, keepdim=True)
     x2_norm = (x2 * x2).sum(-1, keepdim=True)
     x1_ = torch.cat([x1 * -2, x1_norm, torch.ones_like(x1_norm)], -1)
     x2_ = torch.cat([x2, torch.ones_like(x2_norm), x2_norm], -1)
-    return x1_.matmul(x2_.transpose(-2, -1)).clamp_min(0).sqrt()
+    return x1_.matmul(x2_.transpose(-2, -1))
+
+
+def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """ATen's ``_euclidean_dist`` op for op: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
+    return _squared_mm(x1, x2).clamp_min(0).sqrt()
 
 
 @autograd_group("ops.cdist")
 def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
           compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> torch.Tensor:
-    """``torch.cdist`` for ``0 < p <= inf``: p-norm distances between the rows of ``x1`` and ``x2``.
+    """``torch.cdist``, ``0 <= p <= inf``: p-norm distances between the rows of ``x1`` and ``x2``.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[0.0, 1.0], [2.0, 3.0]], requires_grad=True)
@@ -48,7 +55,7 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     if x1.dim() < 2 or x2.dim() < 2 or x1.shape[-1] != x2.shape[-1]:
         raise ValueError(f"ops.cdist: x1 and x2 must be at least 2-D with the same number of columns, "
                          f"got shapes {tuple(x1.shape)} and {tuple(x2.shape)}")
-    p = check_order(p, "ops.cdist")
+    p = check_order(p, "ops.cdist", negative=False)
     if p != 2:
         return _direct(x1, x2, p)
     use_mm = _use_mm(x1, x2, compute_mode)
@@ -73,6 +80,10 @@ def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
 def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """``torch.pdist``: the upper triangle of ``cdist(input, input, p)``, row by row.
 
+    With ``p = 2`` and more than 25 rows (torch.cdist's threshold), the squared distances come from
+    the matrix-product form and the pairs are gathered before the square root, so the diagonal's
+    zeros never reach it; otherwise each pair's difference is taken directly.
+
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[1.0, 1.0], [1.0, 1.0], [4.0, 5.0]], requires_grad=True)
     >>> ag.ops.pdist(x)
@@ -80,10 +91,29 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """
     if input.dim() != 2:
         raise ValueError(f"ops.pdist: input must be 2-D, got shape {tuple(input.shape)}")
-    p = check_order(p, "ops.pdist")
+    p = check_order(p, "ops.pdist", negative=False)
     n = input.shape[0]
-    rows, cols = torch.triu_indices(n, n, 1, device=input.device)
+    rows, cols, flat = _upper_triangle(n, input.device)
+    if p == 2 and n > 25:
+        return _squared_mm(input, input).flatten().index_select(0, flat).clamp_min(0).sqrt()
     return p_norm(input.index_select(0, rows) - input.index_select(0, cols), p, (-1,), False)
+
+
+def _upper_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows, columns and flat indices of an ``n x n`` matrix's upper triangle, row by row."""
+    if torch.compiler.is_compiling():
+        return _triangle(n, device)
+    return _cached_triangle(n, device)
+
+
+def _triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows, cols = torch.triu_indices(n, n, 1, device=device)
+    return rows, cols, rows * n + cols
+
+
+# Building the indices costs as much as a 512-row pdist's whole backward; a training loop asks for
+# the same few sizes again and again.
+_cached_triangle = functools.lru_cache(maxsize=8)(_triangle)
 
 
 @autograd_group("ops.dist")

@@ -1,8 +1,9 @@
-"""Elementwise ops: ``pow`` as ``exp(y * log x)``, ``atan2`` from ``atan``, ``xlogy`` from ``log``.
+"""Elementwise ops: ``pow`` as ``exp(y * log|x|)``, ``atan2`` from ``atan``, ``xlogy`` from ``log``.
 
-Each composite defines its value at its special points with ``torch.where`` (``0 ** 0 = 1``,
-``atan2(0, 0) = 0``, ``0 * log 0 = 0``), so only the gradient is left to the rules: the branch that
-``where`` does not select still runs backward, with a zero gradient times an infinite slope.
+Each composite defines its value at its special points itself (``0 ** 0 = 1`` and ``0 * log 0 = 0``
+selected by ``torch.where``, the origin's ``atan2`` by a denominator set to ``inf``), so only the
+gradient is left to the rules: the branch that ``where`` does not select still runs backward, with
+a zero gradient times an infinite slope, and ``hypot``'s slope at the origin is ``0 / 0``.
 """
 
 from __future__ import annotations
@@ -28,43 +29,61 @@ def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
     return a, b
 
 
+def _pow_sign(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The sign of ``x ** y`` as torch.pow has it: -1 for a negative base (``-0.0`` included) and an
+    odd integer exponent, NaN for a finite negative base and an exponent that is not an integer."""
+    sign = (torch.signbit(x) & (torch.remainder(y, 2) == 1)).to(x.dtype).mul_(-2).add_(1)
+    return sign.masked_fill_((x < 0) & torch.isfinite(x) & (y != torch.trunc(y)), math.nan)
+
+
 @autograd_group("ops.pow")
 def pow(input: Operand, exponent: Operand) -> torch.Tensor:
-    """``torch.pow`` for ``input >= 0``, as ``exp(exponent * log(input))``.
+    """``torch.pow``, as ``sign * exp(exponent * log|input|)``.
 
-    Negative bases give NaN, as ``log`` does (``torch.pow`` also takes integer powers of negative
-    numbers). See docs/builtins.md for the gradient at ``input = 0``.
+    Negative bases take integer exponents (NaN otherwise), as ``torch.pow``; ``-0.0`` keeps its
+    sign (``pow(-0.0, -1) = -inf``). See docs/builtins.md for the gradient at ``input = 0`` and for
+    the exponent's gradient at a negative base.
 
     >>> import torch, autograd_groups as ag
-    >>> x = torch.tensor([0.0, 0.0, 2.0], requires_grad=True)
-    >>> ag.ops.pow(x, torch.tensor([3.0, 1.0, 3.0])).sum().backward()
+    >>> x = torch.tensor([0.0, 0.0, 2.0, -2.0], requires_grad=True)
+    >>> ag.ops.pow(x, torch.tensor([3.0, 1.0, 3.0, 3.0])).sum().backward()
     >>> x.grad
-    tensor([ 0.,  1., 12.])
+    tensor([ 0.,  1., 12., 12.])
     """
     x, y = _tensors(input, exponent)
-    log_x = torch.where((x == 0) & (y == 0), 0.0, torch.log(x))  # 0 ** 0 = 1, as torch.pow
-    return torch.exp(y * log_x)
+    # Bases without a sign bit (the usual case, checked once where the code runs eagerly) skip the
+    # sign's passes over the data.
+    signed = torch.compiler.is_compiling() or bool(torch.signbit(x).any())
+    if signed:
+        with torch.no_grad():
+            sign = _pow_sign(x, y)
+            # |x| as x times its sign: a slope of +-1 at +-0, where abs' subgradient would be 0.
+            unsign = torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
+        x = x * unsign
+    power = torch.exp(y * torch.where((x == 0) & (y == 0), 0.0, torch.log(x)))  # 0 ** 0 = 1
+    return power * sign if signed else power
 
 
-def zero_base_low_exponent(ctx: OverrideContext) -> torch.Tensor:
-    """The check of ``ops.pow``'s override: a zero base with an exponent in ``(0, 1]``.
+def zero_base(ctx: OverrideContext) -> torch.Tensor:
+    """The check of ``ops.pow``'s override: a zero base (``-0.0`` included), the one special point.
 
-    There the slope ``y * x ** (y - 1)`` is ``inf`` (or 1 at ``y = 1``), but ``exp`` has already
-    multiplied the gradient by ``x ** y = 0`` before ``log`` divides by ``x``: no op of the chain
-    sees both factors, so no subgradient rule can give ``torch.pow``'s answer.
+    There the slope ``y * x ** (y - 1)`` is the limit of ``0 * inf``: ``exp`` has already multiplied
+    the gradient by ``x ** y = 0`` before ``log`` divides by ``x``, so no op of the chain sees both
+    factors, and no subgradient rule can give ``torch.pow``'s answer (``inf`` for ``0 < y < 1``, 1 at
+    ``y = 1``, 0 above, and a second derivative of 2 at ``y = 2``).
     """
-    x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
-    return ((x == 0) & (y > 0) & (y <= 1)).any()
+    x, _ = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
+    return (x == 0).any()
 
 
 def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``ops.pow``'s replacement backward when :func:`zero_base_low_exponent` fires: the gradients
+    """``ops.pow``'s replacement backward when :func:`zero_base` fires: the gradients
     of ``x ** y`` for its tensor operands as ``torch.pow`` defines them at ``x = 0``
     (``pow_backward_self`` and ``pow_backward_exponent`` of PyTorch's ``FunctionsManual.cpp``)."""
     (result,) = ctx.outputs
     x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
     slope = torch.where(y == 0, 0.0, y * torch.pow(x, y - 1))
-    log_x = torch.where((x == 0) & (y >= 0), 0.0, torch.log(x))
+    log_x = torch.where((x == 0) & (y >= 0), 0.0, torch.log(x.abs()))
     grads = {"input": (grad * slope).sum_to_size(x.shape),
              "exponent": (grad * result * log_x).sum_to_size(y.shape)}
     return tuple(g for name, g in grads.items() if isinstance(ctx.arguments[name], torch.Tensor))
@@ -74,9 +93,10 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
 def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``torch.atan2(input, other)``: the angle of the point ``(other, input)``, in ``[-pi, pi]``.
 
-    ``atan`` is taken of the smaller coordinate over the larger, ``y / x`` or ``-x / y``; both
-    quotients are computed and ``where`` picks one, so the only zero denominators are the
-    origin's and those of the quotient not picked, on the axes.
+    The half-angle formula: ``2 atan(y / (|(x, y)| + |x|))`` is the angle of ``(|x|, y)``, and a
+    negative ``x`` (signed zeros included, as in torch.atan2) mirrors it, ``pi * sign(y)`` minus it.
+    The quotient's denominator is at least ``|y|`` and is 0 only at the origin, so there is one
+    special point; infinite coordinates are outside the domain (docs/builtins.md).
 
     >>> import torch, autograd_groups as ag
     >>> y = torch.tensor([0.0, 1.0], requires_grad=True)
@@ -86,15 +106,19 @@ def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     (tensor([0., 0.]), tensor([ 0., -1.]))
     """
     y, x = input, other
+    if y.shape != x.shape:
+        # The rule reads the hypot's saved result, which must have the shape of each input's gradient.
+        y, x = torch.broadcast_tensors(y, x)
     with torch.no_grad():
-        steep = y.abs() > x.abs()
-        # atan2 = atan(y / x) + (pi if x < 0); on the steep side, pi / 2 + atan(-x / y); both signed
-        # by y. Signed zeros pick the side, as in torch.atan2; masks as factors, not selects.
-        turn = steep.to(y.dtype) * (math.pi / 2) + (torch.signbit(x) & ~steep).to(y.dtype) * math.pi
-        offset = torch.copysign(torch.ones_like(y), y) * turn
-        origin = (x == 0) & (y == 0)
-    angle = torch.atan(torch.where(steep, -x / y, y / x)) + offset
-    return torch.where(origin, offset, angle)
+        # Factors, not selects: a select over a random mask costs more than the whole formula.
+        twice_sign = torch.copysign(torch.full((), 2.0, dtype=x.dtype, device=x.device), x)
+        quarter = torch.copysign(torch.full((), math.pi / 2, dtype=y.dtype, device=y.device), y)
+        offset = torch.addcmul(quarter, quarter, twice_sign, value=-0.5)  # pi * sign(y) where x < 0
+    denominator = torch.addcmul(torch.hypot(x, y), x, twice_sign, value=0.5)
+    with torch.no_grad():
+        # The origin: 0 / inf = 0, and the angle is the offset (+-0 or +-pi), as torch.atan2.
+        denominator.masked_fill_(denominator == 0, math.inf)
+    return torch.addcmul(offset, torch.atan(y / denominator), twice_sign)
 
 
 @autograd_group("ops.xlogy")

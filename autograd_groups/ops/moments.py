@@ -26,22 +26,40 @@ def _variance(x: torch.Tensor, dims: tuple[int, ...], correction: float, keepdim
     return (deviation * deviation).sum(dims, keepdim=keepdim) / max(0, count - correction)
 
 
+def _arguments(name: str, dim: Dims | bool, unbiased: bool | None,
+               correction: float | None) -> tuple[Dims, float]:
+    """``dim`` and the correction, from either of torch.var's signatures: ``(dim, *, correction)``
+    with ``correction=None`` meaning 1, or ``(dim, unbiased)`` and ``(unbiased)``."""
+    if isinstance(dim, bool):
+        dim, unbiased = None, dim
+    if unbiased is None:
+        return dim, 1.0 if correction is None else correction
+    if correction is not None:
+        raise ValueError(f"{name}: got both unbiased={unbiased} and correction={correction}; "
+                         f"pass one of them (unbiased=True is correction=1)")
+    return dim, float(unbiased)
+
+
 @autograd_group("ops.var")
-def var(input: torch.Tensor, dim: Dims = None, *, correction: float = 1,
-        keepdim: bool = False) -> torch.Tensor:
+def var(input: torch.Tensor, dim: Dims | bool = None, unbiased: bool | None = None, keepdim: bool = False,
+        *, correction: float | None = None) -> torch.Tensor:
     """``torch.var``: the variance over ``dim`` (all dims for None), divided by ``N - correction``.
 
+    Both of torch.var's signatures: ``correction`` (None is 1), or ``unbiased`` (``True`` is
+    ``correction=1``), also as the second positional argument.
+
     >>> import torch, autograd_groups as ag
-    >>> ag.ops.var(torch.tensor([1.0, 2.0, 3.0]))
-    tensor(1.)
+    >>> ag.ops.var(torch.tensor([1.0, 2.0, 3.0])), ag.ops.var(torch.tensor([1.0, 2.0, 3.0]), False)
+    (tensor(1.), tensor(0.6667))
     """
-    return _variance(input, reduce_dims(input, dim), correction, keepdim)
+    dims, c = _arguments("ops.var", dim, unbiased, correction)
+    return _variance(input, reduce_dims(input, dims), c, keepdim)
 
 
 @autograd_group("ops.std")
-def std(input: torch.Tensor, dim: Dims = None, *, correction: float = 1,
-        keepdim: bool = False) -> torch.Tensor:
-    """``torch.std``: the square root of :func:`var`; gradient 0 at a constant slice.
+def std(input: torch.Tensor, dim: Dims | bool = None, unbiased: bool | None = None, keepdim: bool = False,
+        *, correction: float | None = None) -> torch.Tensor:
+    """``torch.std``: the square root of :func:`var` (same arguments); gradient 0 at a constant slice.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.full((2, 3), 0.1, requires_grad=True)
@@ -50,4 +68,5 @@ def std(input: torch.Tensor, dim: Dims = None, *, correction: float = 1,
     tensor([[0., 0., 0.],
             [0., 0., 0.]])
     """
-    return _variance(input, reduce_dims(input, dim), correction, keepdim).sqrt()
+    dims, c = _arguments("ops.std", dim, unbiased, correction)
+    return _variance(input, reduce_dims(input, dims), c, keepdim).sqrt()

@@ -31,21 +31,25 @@ def reduce_dims(x: torch.Tensor, dim: Dims) -> tuple[int, ...]:
     return tuple(dim)
 
 
-def check_order(p: float, op: str, name: str = "p") -> float:
-    """``p`` if this library computes the ``p``-norm (``0 < p <= inf``), else a ValueError.
+def check_order(p: float, op: str, name: str = "p", negative: bool = True) -> float:
+    """``p`` as a float, for a p-norm: any order, or ``p >= 0`` where ``negative`` is False (the
+    distances, which torch.cdist and torch.pdist refuse with this RuntimeError for ``p < 0``).
 
     >>> check_order(2, "ops.vector_norm")
     2.0
     """
     p = float(p)
-    if not p > 0:
-        raise ValueError(f"{op}: {name}={p} is not supported; the built-in library computes p-norms "
-                         f"with 0 < {name} <= inf (use the torch op for {name} <= 0)")
+    if p < 0 and not negative:
+        raise RuntimeError(f"{op}: {op.removeprefix('ops.')} only supports non-negative p values, "
+                           f"got {name}={p}")
     return p
 
 
 def p_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], keepdim: bool) -> torch.Tensor:
     """The ``p``-norm of ``x`` over ``dims``, from primitive ops (no special cases of its own).
+
+    ``p = 0`` counts the nonzero elements (a gradient of 0, as torch's), ``p = -inf`` is the least
+    absolute value, and other negative ``p`` give ``sum(|x| ** p) ** (1 / p)``, as torch's norms.
 
     >>> p_norm(torch.tensor([3.0, -4.0]), 2, (0,), False)
     tensor(5.)
@@ -56,13 +60,17 @@ def p_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], keepdim: bool) -> t
         return x.abs().sum(dims, keepdim=keepdim)
     if p == math.inf:
         return x.abs().amax(dims, keepdim=keepdim)
+    if p == -math.inf:
+        return x.abs().amin(dims, keepdim=keepdim)
+    if p == 0:
+        return x.abs().sign().sum(dims, keepdim=keepdim)
     return x.abs().pow(p).sum(dims, keepdim=keepdim).pow(1 / p)
 
 
 @autograd_group("ops.vector_norm")
 def vector_norm(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                 dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``torch.linalg.vector_norm`` for ``0 < ord <= inf``; gradient 0 at a zero slice.
+    """``torch.linalg.vector_norm``, any ``ord``; gradient 0 at a zero slice.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad=True)
