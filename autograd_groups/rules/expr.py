@@ -142,6 +142,11 @@ def parse(source: str | int | float | bool) -> Expression:
     return Expression(source, frozenset(names), evaluate, key, kind)
 
 
+#: Saved values that are bool tensors in PyTorch (``where``'s ``condition``, ``masked_fill``'s
+#: ``mask``): a ``when`` may be one of them alone.
+BOOL_VALUES = frozenset({"condition", "mask"})
+
+
 def condition_problem(expression: Expression) -> str | None:
     """What keeps ``expression`` from being an elementwise condition (a ``when``), or None.
 
@@ -172,7 +177,7 @@ def _describe(node: ast.AST) -> tuple[str, str]:
     if isinstance(node, ast.Constant):
         return _literal(node.value)  # type: ignore[arg-type]  # _compile allows numbers only
     if isinstance(node, ast.Name):
-        if node.id in ("True", "False"):
+        if node.id in ("True", "False") or node.id in BOOL_VALUES:
             return node.id, BOOL
         return node.id, NUMBER if node.id in CONSTANTS else VALUE
     if isinstance(node, ast.UnaryOp):
