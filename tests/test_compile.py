@@ -122,6 +122,11 @@ BUILTINS = {
                   lambda: leaf(ROWS)),
     "atan2": (lambda a: ag.ops.atan2(a, a.detach() * 0), lambda a: torch.atan2(a, a.detach() * 0),
               lambda: leaf([0.0, 1.0, -2.0])),
+    # No rules: compiled code runs the plain ops, which Dynamo must trace too.
+    "var": (lambda a: ag.ops.var(a, dim=-1), lambda a: torch.var(a, dim=-1),
+            lambda: leaf([[0.5, 0.5, 0.5], [1.0, 2.0, 4.0]])),
+    "logsumexp": (lambda a: ag.ops.logsumexp(a, -1), lambda a: torch.logsumexp(a, -1),
+                  lambda: leaf([[0.0, 1.0, 2.0], [3.0, -1.0, 0.5]])),
 }
 
 

@@ -22,7 +22,7 @@ def _variance(x: torch.Tensor, dims: tuple[int, ...], correction: float, keepdim
         shift = shift.narrow(d, 0, 1)
     centered = x - shift
     deviation = centered - centered.mean(dims, keepdim=True)
-    count = math.prod(x.shape[d] for d in dims)
+    count = math.prod([x.shape[d] for d in dims])  # a list: Dynamo cannot trace a generator here
     return (deviation * deviation).sum(dims, keepdim=keepdim) / max(0, count - correction)
 
 
