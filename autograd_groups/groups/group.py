@@ -197,7 +197,7 @@ class autograd_group:
             if enabled and tangents.active(args, kwargs) and not tangents.transposing() \
                     and registry.has_rules(name):
                 where = caller(2)
-                return tangents.run(name, f"{where[0]}:{where[1]}", fn,
+                return tangents.run(name, where, fn,
                                     lambda a, k: run(a, k, enabled, where, override=False), args, kwargs,
                                     registry.ruleset(name).override, context)
             return run(args, kwargs, enabled, caller(2))
@@ -229,8 +229,7 @@ class autograd_group:
         entries = _entries()
         enabled = flag.current_state().for_group(self.name)
         if enabled and tangents.active() and not tangents.transposing() and registry.has_rules(self.name):
-            where = caller(2)
-            raise tangents.refuse_block(self.name, f"{where[0]}:{where[1]}", "a `with` block")
+            raise tangents.refuse_block(self.name, caller(2), "a `with` block")
         instance = open_instance(self.name, enabled, caller(2))
         if instance is None:
             entries.append((self, None))

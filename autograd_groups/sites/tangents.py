@@ -98,11 +98,12 @@ class _Call:
     values), ``ruled`` the group with its rules but its override (for the vjp); ``override`` and
     ``context`` give the override's part."""
 
-    def __init__(self, name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
+    def __init__(self, name: str, where: tuple[str, int], plain: Callable[..., Any],
+                 ruled: Callable[..., Any],
                  flat: list[Any], spec: Any, positions: list[int], override: Override | None,
                  context: Context) -> None:
         self.name = name
-        self.where = where
+        self.where = _at(where)
         self._plain = plain
         self._ruled = ruled
         self._flat = flat
@@ -216,7 +217,11 @@ class _Transposed(torch.autograd.Function):
             return (None, *ctx.call.vjp(ctx.saved_tensors, cotangents))
 
 
-def run(name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., Any],
+def _at(where: tuple[str, int]) -> str:
+    return f"{where[0]}:{where[1]}"
+
+
+def run(name: str, where: tuple[str, int], plain: Callable[..., Any], ruled: Callable[..., Any],
         args: tuple[Any, ...], kwargs: dict[str, Any], override: Override | None, context: Context) -> Any:
     """Call group ``name`` under forward mode: ``plain(*args, **kwargs)`` gives its values,
     ``ruled(args, kwargs)`` runs it with its rules but ``override``, whose check and replacement
@@ -229,11 +234,11 @@ def run(name: str, where: str, plain: Callable[..., Any], ruled: Callable[..., A
     return _Transposed.apply(call, *(flat[i] for i in positions))
 
 
-def refuse_block(name: str, where: str, form: str) -> GroupError:
+def refuse_block(name: str, where: tuple[str, int], form: str) -> GroupError:
     """The error for a ``with`` block or ``tag()`` of a group with rules under forward mode: there
     is no function boundary to transpose."""
     return GroupError(
-        f"group {name!r} (at {where}) has rules and runs under forward-mode AD (jvp, jacfwd, "
+        f"group {name!r} (at {_at(where)}) has rules and runs under forward-mode AD (jvp, jacfwd, "
         f"hessian, forward_ad), whose tangents it can only correct for a whole function: {form} has "
         f"no function boundary. Move the code into a function decorated with "
         f"@autograd_group({name!r}), or turn its special cases off for this pass "
