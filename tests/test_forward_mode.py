@@ -295,3 +295,12 @@ def test_the_group_must_return_tensors_in_forward_mode() -> None:
         with pytest.raises(GroupError, match=r"group 'fm.dict' .* must return a tensor or a tuple of "
                                              r"tensors, not dict"):
             jvp(fn, (ZERO_ROW,), (torch.ones_like(ZERO_ROW),))
+
+
+def test_an_override_group_nested_in_a_group_with_rules_is_refused_in_forward_mode() -> None:
+    with ag.registry_scope():
+        ag.register_rule("fm.outer", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+        outer = ag.autograd_group("fm.outer")(lambda x: ops.pow(x, torch.full_like(x, 2.0)).sum(-1).sqrt())
+        with pytest.raises(RuleError, match=r"group 'ops.pow' .* override rule .* inside another group "
+                                            r"with rules"):
+            jvp(outer, (ZERO_ROW,), (torch.ones_like(ZERO_ROW),))
