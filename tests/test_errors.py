@@ -50,6 +50,19 @@ def test_rule_returning_the_wrong_shape_fails_at_backward_naming_group_and_rule(
     assert "test_errors.py:" in str(info.value)
 
 
+def test_a_saved_value_autograd_did_not_keep_is_an_error_not_a_rule_that_never_fires():
+    # MulBackward0 keeps x only for y's gradient; with y constant the rule reading it would read
+    # None, and (None == 0) is False: the rule would silently never fire.
+    with ag.registry_scope():
+        ag.register_rule("unkept", ag.Subgradient(op="mul", input=0, when="self == 0", grad=0))
+        x = torch.zeros(3, requires_grad=True)
+        out = ag.autograd_group("unkept")(lambda x, y: x * y)(x, torch.ones(3))
+        with pytest.raises(ag.RuleError, match=re.escape(
+                "at op mul: this MulBackward0 node did not keep 'self': autograd saves a value only "
+                "for the gradients it computes")):
+            out.sum().backward()
+
+
 def test_when_must_give_a_bool_tensor():
     rule = ag.Subgradient(op="sqrt", when=lambda result: result, grad=0)
     with pytest.raises(ag.RuleError, match=r"'when' must give a bool tensor, not a tensor of dtype "

@@ -197,6 +197,17 @@ def test_xlogy_second_order_at_zero_input_and_negative_other(zero) -> None:
     assert ours[0][0] != 0
 
 
+def test_xlogy_input_gradient_at_zero_input_when_other_needs_none() -> None:
+    # The rule read the product's saved input, which autograd does not keep when other needs no
+    # gradient: it never fired, and x = 0, y <= 0 gave -inf and NaN where torch.xlogy gives 0.
+    x = torch.tensor([0.0, -0.0, 0.0, -0.6, 1.5], dtype=torch.float64)
+    y = torch.tensor([0.0, -1.0, -0.0, 0.0, 2.0], dtype=torch.float64)
+    ours = torch.autograd.grad(ag.ops.xlogy(x.requires_grad_(), y).sum(), x)[0]
+    native = torch.autograd.grad(torch.xlogy(x, y).sum(), x)[0]
+    torch.testing.assert_close(ours, native)
+    assert (ours[:3] == 0).all()
+
+
 def test_pow_second_derivative_at_a_zero_base() -> None:
     # Exponent 2 at x = 0: torch.pow's second derivative is 2 * grad * v; the composite's was 0.
     for exponent in (2.0, 3.0, 2.5):

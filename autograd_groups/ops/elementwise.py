@@ -127,12 +127,20 @@ def xlogy(input: Operand, other: Operand) -> torch.Tensor:
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
-    >>> ag.ops.xlogy(x, torch.tensor([0.0, 1.0]))
-    tensor([0., 0.], grad_fn=<WhereBackward0>)
+    >>> ag.ops.xlogy(x, torch.tensor([0.0, 2.0])).sum().backward()
+    >>> x.grad
+    tensor([0.0000, 0.6931])
     """
     x, y = _tensors(input, other)
     if x.shape != y.shape:
         # The rule reads the product's incoming gradient, which must have the shape of x's.
         x, y = torch.broadcast_tensors(x, y)
     undefined = (x == 0) & ((y <= 0) | (y == math.inf))  # where 0 * log(y) is NaN
-    return torch.where(undefined, 0.0, x * torch.log(y))
+    if y.requires_grad:
+        # y's gradient, x / y, is itself differentiated in x (grad / y at x = 0): the product keeps
+        # its gradient behind the select (the where rule), and the mul rule, reading the x the
+        # product saves for y's gradient, sets x's gradient there to 0.
+        return torch.where(undefined, 0.0, x * torch.log(y))
+    # Autograd keeps no x when y needs no gradient, but no rule is needed: the select before the
+    # product gives x's gradient, log(y) or 0. The mul rule's input 0 is log(y), which needs none.
+    return torch.where(undefined, 0.0, torch.log(y)) * x

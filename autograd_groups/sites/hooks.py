@@ -76,6 +76,13 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     try:
         for name in rule.saved:
             env[name] = getattr(node, "_saved_" + name) if node is not None else site.captured[name]
+            if env[name] is None and hasattr(node, "_raw_saved_" + name):  # a tensor slot left empty
+                raise _fail(instance, rule.label, site.op,
+                            f"this {site.node_class.__name__} node did not keep {name!r}: autograd "
+                            f"saves a value only for the gradients it computes, and {name!r} serves "
+                            f"an input that needs none here. Write 'when' and 'grad' with values "
+                            f"the gradients of the rule's inputs need (for a product, the other "
+                            f"factor), or make that input need a gradient")
     except AttributeError:
         missing = next(n for n in rule.saved if n not in env)
         raise _fail(instance, rule.label, site.op,
