@@ -181,12 +181,24 @@ def test_torch_func_transforms_over_nan_safe_equal_reference() -> None:
                       torch.func.grad(lambda a, b: power_reference(a, b).sum(), argnums=(0, 1))(x, y))
 
 
-def test_torch_func_over_an_override_group_raises_a_clear_error() -> None:
+def test_torch_func_over_an_override_group_equals_reference() -> None:
+    """torch.func runs an override group as one op whose vjp is where(check, replacement, automatic)
+    (sites/tangents.py): grad, vjp, jacrev and vmap give the replacement where the check fires."""
     x = _zero_row().detach()
-    for transform in (torch.func.grad(lambda t: safe_norm(t).sum()), torch.func.jacrev(safe_norm),
-                      torch.func.vmap(safe_norm)):
-        with pytest.raises(ag.RuleError, match=r"group 'rel_norm' .* torch\.func transforms"):
-            transform(x)
+    func = torch.func
+    _assert_all_close((func.grad(lambda t: safe_norm(t).sum())(x), func.jacrev(safe_norm)(x),
+                       func.vjp(safe_norm, x)[1](torch.ones(2, dtype=x.dtype))[0], func.vmap(safe_norm)(x)),
+                      (func.grad(lambda t: norm_reference(t).sum())(x), func.jacrev(norm_reference)(x),
+                       func.vjp(norm_reference, x)[1](torch.ones(2, dtype=x.dtype))[0],
+                       func.vmap(norm_reference)(x)))
+    assert ag.groups.lifecycle.open_instances() == []
+
+
+def test_a_check_that_reads_data_is_refused_by_name_once_vmap_batches_it() -> None:
+    # vmap over grad: the check's bool() meets a batched tensor; a check returning a bool tensor
+    # (ops.pow's) is taken by torch.where instead.
+    with pytest.raises(ag.RuleError, match=r"group 'rel_norm' .* the check raised .* Under vmap"):
+        torch.func.vmap(torch.func.grad(safe_norm))(_zero_row().detach())
     assert ag.groups.lifecycle.open_instances() == []
 
 

@@ -194,8 +194,8 @@ class autograd_group:
             if torch.compiler.is_dynamo_compiling():
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             enabled = flag.current_state().for_group(name)
-            if enabled and tangents.active(args, kwargs) and not tangents.transposing() \
-                    and registry.has_rules(name):
+            if enabled and registry.has_rules(name) and tangents.wanted(
+                    args, kwargs, registry.ruleset(name).override is not None):
                 where = caller(2)
                 return tangents.run(name, where, fn,
                                     lambda a, k: run(a, k, enabled, where, override=False), args, kwargs,
@@ -228,7 +228,7 @@ class autograd_group:
             return None
         entries = _entries()
         enabled = flag.current_state().for_group(self.name)
-        if enabled and tangents.active() and not tangents.transposing() and registry.has_rules(self.name):
+        if enabled and tangents.active() and not tangents.running() and registry.has_rules(self.name):
             raise tangents.refuse_block(self.name, caller(2), "a `with` block")
         instance = open_instance(self.name, enabled, caller(2))
         if instance is None:

@@ -46,7 +46,7 @@ def _tag(tensor: torch.Tensor, name: str, where: tuple[str, int]) -> torch.Tenso
     enabled = flag.current_state().for_group(name)
     if not enabled and tracer.active() is None and not anomaly.active():
         return tensor
-    if enabled and tangents.active((tensor,)) and not tangents.transposing() and registry.has_rules(name):
+    if enabled and tangents.active((tensor,)) and not tangents.running() and registry.has_rules(name):
         raise tangents.refuse_block(name, where, "tag(), which marks ops after they ran,")
     # Under torch.func each grad transform level has its own node for the op, and its own chains.
     for node in graph_roots([tensor]):

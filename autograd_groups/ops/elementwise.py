@@ -83,7 +83,10 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
     (result,) = ctx.outputs
     x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
     slope = torch.where(y == 0, 0.0, y * torch.pow(x, y - 1))
-    log_x = torch.where((x == 0) & (y >= 0), 0.0, torch.log(x.abs()))
+    # log|x| is selected away at x = 0, and 1 there keeps its derivative finite for the graphs that
+    # differentiate this replacement (jacrev of jacfwd): 0 * inf would be NaN.
+    zero = (x == 0) & (y >= 0)
+    log_x = torch.where(zero, 0.0, torch.log(torch.where(zero, 1.0, x.abs())))
     grads = {"input": (grad * slope).sum_to_size(x.shape),
              "exponent": (grad * result * log_x).sum_to_size(y.shape)}
     return tuple(g for name, g in grads.items() if isinstance(ctx.arguments[name], torch.Tensor))

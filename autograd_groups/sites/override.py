@@ -18,6 +18,7 @@ from ..groups.instance import GroupInstance
 from ..groups.lifecycle import close_instance, open_instances, pop_instance, tensors_of
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
+from . import tangents
 
 
 class _Run:
@@ -148,16 +149,16 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
     run = _Run(instance, fn, args, kwargs, inputs, named, arguments)
     try:
         label = instance.rules.override.label  # type: ignore[union-attr]
-        if instance.transposed:
-            # The outermost group under forward mode builds its override's vjp itself
-            # (sites/tangents.py); one nested in another group with rules cannot.
+        if tangents.running():
+            # The outermost group under forward mode or torch.func builds its override's vjp
+            # itself (sites/tangents.py); one nested in another group with rules cannot.
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "
-                f"({label}) and runs under forward-mode AD (jvp, jacfwd, hessian, forward_ad) inside "
-                f"another group with rules, whose tangents come from torch.func transforms that an "
-                f"override cannot run in. Call it outside that group, take derivatives in reverse "
-                f"mode (torch.autograd.grad), or turn its special cases off for this pass: "
-                f"ag.special_cases(False, groups=[{instance.name!r}])")
+                f"({label}) and runs under forward-mode AD (jvp, jacfwd, hessian, forward_ad) or a "
+                f"torch.func transform inside another group with rules, whose derivatives come from "
+                f"torch.func transforms that an override cannot run in. Call it outside that group, "
+                f"take derivatives with torch.autograd.grad, or turn its special cases off for this "
+                f"pass: ag.special_cases(False, groups=[{instance.name!r}])")
         if torch._C._functorch.peek_interpreter_stack() is not None:
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
-from torch._C._functorch import TransformType, peek_interpreter_stack
+from torch._C._functorch import TransformType, maybe_get_level, peek_interpreter_stack
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -38,7 +38,8 @@ from ..rules.kinds import Override, OverrideContext
 
 
 class _Local(threading.local):
-    depth = 0  # how many transpositions this thread is inside
+    inside = 0  # how many _Transposed computations this thread is inside
+    depth = 0  # how many transpositions (jvp rules) of those
 
 
 _local = _Local()
@@ -74,6 +75,26 @@ def _decided(answer: Any) -> bool | torch.Tensor:
         return answer
 
 
+def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> bool:
+    """Whether a call of a group with rules runs as one ``_Transposed`` op: under forward mode, or,
+    for a group with an override, under any ``torch.func`` transform, where the override's own
+    ``autograd.Function`` cannot run. Groups called while one runs (in its function, vjp or jvp)
+    run as they are: an override group there is refused (sites/override.py).
+
+    >>> wanted((torch.ones(2),), {}, override=False)
+    False
+    """
+    if running():
+        return False
+    return (override and peek_interpreter_stack() is not None) or active(args, kwargs)
+
+
+def running() -> bool:
+    """Whether this thread is inside a group's ``_Transposed`` op (its function, vjp or jvp), where
+    the groups it calls run as they are."""
+    return _local.inside > 0
+
+
 def transposing() -> bool:
     """Whether this thread is computing a group's tangents from its reverse mode: groups opened now
     run as in reverse mode, and their rules must be linear in ``grad``."""
@@ -81,12 +102,14 @@ def transposing() -> bool:
 
 
 @contextmanager
-def _transposing() -> Iterator[None]:
-    _local.depth += 1
+def _inside(transposing: bool = False) -> Iterator[None]:
+    _local.inside += 1
+    _local.depth += transposing
     try:
         yield
     finally:
-        _local.depth -= 1
+        _local.inside -= 1
+        _local.depth -= transposing
 
 
 #: ``(args, kwargs, outputs) -> OverrideContext``: what an override sees of a call.
@@ -121,7 +144,7 @@ class _Call:
 
     def plain(self, *tensors: torch.Tensor) -> Any:
         args, kwargs = self._arguments(tensors)
-        with _transposing():
+        with _inside():
             out = self._plain(*args, **kwargs)
         if isinstance(out, torch.Tensor) or (
                 isinstance(out, tuple) and out and all(isinstance(t, torch.Tensor) for t in out)):
@@ -206,14 +229,14 @@ class _Transposed(torch.autograd.Function):
                     total = total + (grad * tangent).sum()
             return total
 
-        with _transposing():
+        with _inside(transposing=True):
             out = torch.func.grad(pairing, argnums=tuple(range(len(units))))(*units)
         return out[0] if len(units) == 1 else out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         cotangents = tuple(torch.zeros_like(o) if g is None else g for g, o in zip(grads, ctx.outputs))
-        with _transposing():
+        with _inside():
             return (None, *ctx.call.vjp(ctx.saved_tensors, cotangents))
 
 
@@ -229,9 +252,18 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], ruled: Cal
     (see the module's docstring)."""
     flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, v in enumerate(flat)
-                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())]
+                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()) and _varies(v)]
     call = _Call(name, where, plain, ruled, flat, spec, positions, override, context)
     return _Transposed.apply(call, *(flat[i] for i in positions))
+
+
+def _varies(t: torch.Tensor) -> bool:
+    """Whether derivatives may flow through ``t``: a tensor of a ``torch.func`` transform, a dual
+    tensor, or one that requires grad. Any other is a constant of the call: as an input of the
+    Function, functorch would give it a zero tangent, and ``0 * inf`` (``x / y`` of xlogy at
+    ``x = y = 0``) would turn the rows it meets into NaN."""
+    return (t.requires_grad or maybe_get_level(t) != -1
+            or (forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None))
 
 
 def refuse_block(name: str, where: tuple[str, int], form: str) -> GroupError:
