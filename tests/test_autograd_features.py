@@ -194,6 +194,19 @@ def test_torch_func_over_an_override_group_equals_reference() -> None:
     assert ag.groups.lifecycle.open_instances() == []
 
 
+def test_torch_func_over_an_override_group_keeps_its_subgradient_rules_not_linear_in_grad() -> None:
+    # Only forward mode needs rules linear in grad; the override's vjp under jacrev takes any.
+    with ag.registry_scope():
+        ag.register_rule("mixed", ag.Subgradient(op="sqrt", when="result == 0", grad="abs(grad)"))
+        ag.register_rule("mixed", ag.Override(check=lambda ctx: False, backward=lambda ctx, grad: grad))
+        mixed = ag.autograd_group("mixed")(norm)
+        x = _zero_row().detach()
+        got = torch.func.jacrev(mixed)(x)
+        want = torch.autograd.functional.jacobian(mixed, x)
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want)
+
+
 def test_a_check_that_reads_data_is_refused_by_name_once_vmap_batches_it() -> None:
     # vmap over grad: the check's bool() meets a batched tensor; a check returning a bool tensor
     # (ops.pow's) is taken by torch.where instead.
