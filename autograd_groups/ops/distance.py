@@ -69,7 +69,9 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
 
 
 def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
-    return p_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, (-1,), False)
+    # x1 + (-x2), not x1 - x2: the same numbers, but the backward negates x2's gradient after
+    # summing it, not the whole rows x rows x columns gradient before.
+    return p_norm(x1.unsqueeze(-2) + x2.neg().unsqueeze(-3), p, (-1,), False)
 
 
 def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:

@@ -114,14 +114,16 @@ def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         y, x = torch.broadcast_tensors(y, x)
     with torch.no_grad():
         # Factors, not selects: a select over a random mask costs more than the whole formula.
-        twice_sign = torch.copysign(torch.full((), 2.0, dtype=x.dtype, device=x.device), x)
-        quarter = torch.copysign(torch.full((), math.pi / 2, dtype=y.dtype, device=y.device), y)
-        offset = torch.addcmul(quarter, quarter, twice_sign, value=-0.5)  # pi * sign(y) where x < 0
-    denominator = torch.addcmul(torch.hypot(x, y), x, twice_sign, value=0.5)
+        sign = torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
+        half_offset = torch.copysign(torch.full((), math.pi / 4, dtype=y.dtype, device=y.device), y)
+        half_offset.addcmul_(half_offset, sign, value=-1)  # pi/2 * sign(y) where x < 0, else +-0
+    # sign * (|(x, y)| + |x|); the sign folded into the quotient mirrors its atan where x < 0. The
+    # in-place ops write over results no backward reads, sparing a full-size buffer each.
+    denominator = torch.hypot(x, y).mul(sign).add_(x)
     with torch.no_grad():
         # The origin: 0 / inf = 0, and the angle is the offset (+-0 or +-pi), as torch.atan2.
         denominator.masked_fill_(denominator == 0, math.inf)
-    return torch.addcmul(offset, torch.atan(y / denominator), twice_sign)
+    return half_offset.add_(torch.atan(y / denominator)).mul_(2)
 
 
 @autograd_group("ops.xlogy")

@@ -109,6 +109,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise _fail(instance, rule.label, site.op, f"'when' must give a bool tensor, not {got}")
+    may_set: bool | None = None  # counted once, for the first gradient filled in place
     for i in targets:
         grad = grads[i] if i < len(grads) else None
         if grad is None:
@@ -116,7 +117,9 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         if mask.shape != grad.shape:
             _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
         if rule.constant is not None and _owned(grad, grad_outputs):
-            grad.masked_fill_(mask, rule.constant)
+            may_set = _may_set(mask) if may_set is None else may_set
+            if may_set:
+                grad.masked_fill_(mask, rule.constant)
             continue
         value = rule.constant if rule.constant is not None else _value(rule, site, env)
         if isinstance(value, torch.Tensor) and value.shape != grad.shape:
@@ -124,6 +127,16 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(mask, value, grad)
     return mask
+
+
+def _may_set(mask: torch.Tensor) -> bool:
+    """False where ``mask`` is known to set nothing: a CPU mask with no true element.
+
+    A rule usually fires nowhere, and on the CPU counting the mask's true elements costs a sixth
+    of a fill that changes nothing (1M elements: 0.3 ms against 1.9 ms). On an accelerator the
+    count would make the host wait for the device, so there the fill always runs.
+    """
+    return mask.device.type != "cpu" or bool(torch.count_nonzero(mask))
 
 
 def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
