@@ -175,6 +175,44 @@ def test_vmap_over_jvp() -> None:
         torch.testing.assert_close(tangent, _contract((reverse,), ops.cdist(x1, x2), (t,)))
 
 
+@pytest.mark.parametrize("case_id", ["cdist-p2.0", "pdist-p0.5", "normalize-p2.0", "std-c1", "pow",
+                                     "atan2", "xlogy"])
+def test_vmap_over_jvp_of_the_built_ins(case_id: str) -> None:
+    case = next(c for c in CASES if c.id == case_id)
+    fn, xs = _split(case)
+    g = torch.Generator().manual_seed(2)
+    ts = tuple(torch.randn(3, *x.shape, generator=g, dtype=F64) for x in xs)
+    batched = vmap(lambda *t: jvp(fn, xs, t)[1])(*ts)
+    for b in range(3):
+        torch.testing.assert_close(batched[b], jvp(fn, xs, tuple(t[b] for t in ts))[1], equal_nan=True)
+    assert torch.isfinite(batched).float().mean() > 0.5
+
+
+def test_logsumexp_of_a_fully_masked_row_in_every_mode() -> None:
+    x = torch.tensor([[-torch.inf, -torch.inf, -torch.inf], [0.0, 1.0, 2.0]], dtype=F64)
+    t = torch.tensor([[1.0, -2.0, 0.5], [0.3, 0.2, -1.0]], dtype=F64)
+
+    def lse(a: torch.Tensor) -> torch.Tensor:
+        return ops.logsumexp(a, -1)
+
+    reverse = jacrev(lse)(x)
+    assert torch.isfinite(reverse).all() and (reverse[0] == 0).all()
+    assert jacfwd(torch.logsumexp, argnums=0)(x, -1)[0].isnan().any()  # native's masked row
+    torch.testing.assert_close(jacfwd(lse)(x), reverse)
+    expected = (reverse.reshape(2, 6) @ t.reshape(6)).reshape(2)
+    torch.testing.assert_close(jvp(lse, (x,), (t,))[1], expected)
+    with fwAD.dual_level():
+        torch.testing.assert_close(fwAD.unpack_dual(lse(fwAD.make_dual(x, t))).tangent, expected)
+
+    def scalar(a: torch.Tensor) -> torch.Tensor:
+        return lse(a).sum()
+
+    second = jacrev(jacrev(scalar))(x)
+    assert torch.isfinite(second).all()
+    for mix in (hessian(scalar), jacfwd(jacrev(scalar)), jacrev(jacfwd(scalar))):
+        torch.testing.assert_close(mix(x), second)
+
+
 def _norm_group(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ag.autograd_group(name)(lambda x: x.pow(2).sum(-1).sqrt())
 
