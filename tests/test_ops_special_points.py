@@ -290,3 +290,19 @@ def test_pdist_matmul_form_equals_torch_pdist_and_needs_no_rule_for_distinct_row
     with ag.special_cases(False):  # the diagonal's zero distances never reach the sqrt
         plain = _grads(ag.ops.pdist, (x.clone().requires_grad_(),))[1][0]
     assert plain.isfinite().all()
+
+
+def test_pdist_called_first_under_a_torch_func_transform_keeps_working_after_it() -> None:
+    # The pair indices are cached per size; made under a transform they were its tensors, and the
+    # next call met them "escaped" from a level that had exited (an internal assert in functorch).
+    from autograd_groups.ops.distance import _cached_triangle
+
+    _cached_triangle.cache_clear()
+    x = torch.randn(7, 3, dtype=torch.float64)
+
+    def total(t: torch.Tensor) -> torch.Tensor:
+        return ag.ops.pdist(t).sum()
+
+    first = torch.func.jacrev(torch.func.jacrev(total))(x)
+    torch.testing.assert_close(torch.func.hessian(total)(x), first)
+    torch.testing.assert_close(ag.ops.pdist(x), torch.pdist(x))
