@@ -19,9 +19,13 @@ from autograd_groups import ops
 from autograd_groups.errors import GroupError, RuleError
 
 F64 = torch.float64
-SECOND_ORDER = ["cdist-p2.0", "cdist-p3.0", "pdist-p2.0", "dist-p2.0-equal", "vector_norm-ord2.0",
-                "normalize-p2.0", "cosine_similarity", "std-c1", "atan2", "pow-scalar-exponent-2.5",
-                "xlogy", "xlogy-broadcast"]
+#: Cases whose exact second derivatives are infinite at their special points (|d| ** p with p < 1
+#: at a zero difference, pow with exponent < 2 at a zero base), which each mix of modes spreads
+#: differently: test_second_order_of_pow_at_a_zero_base_equals_native takes pow at exponents whose
+#: second derivative is finite.
+UNDEFINED_SECOND_ORDER = {"cdist-p0.5", "cdist-p0.5-broadcast", "pdist-p0.5", "dist-p0.5-partly-equal",
+                          "vector_norm-ord0.5", "vector_norm-ord0.5-keepdim", "normalize-p0.5", "pow"}
+SECOND_ORDER = [c.id for c in CASES if c.id not in UNDEFINED_SECOND_ORDER]
 
 
 def _split(case: Case) -> tuple[Callable[..., torch.Tensor], tuple[torch.Tensor, ...]]:
