@@ -14,7 +14,9 @@ no output's cotangent is zero, which a NaN-safe rule would otherwise treat as "n
 stays zero wherever the double backward is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
 has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed. An
 override's vjp is ``where(check, replacement(u), automatic(u))``, built here from the rule's two
-functions, since the override's own ``autograd.Function`` cannot run under ``torch.func``.
+functions, since the override's own ``autograd.Function`` cannot run under ``torch.func``: for that
+reason an override group runs as this op under the reverse-mode transforms of ``torch.func`` too
+(``grad``, ``vjp``, ``jacrev``, ``vmap``), where only its vjp is used.
 
 The price is a backward and a double backward of the group per forward-mode call; reverse mode
 pays one attribute read (:func:`active`).
@@ -38,8 +40,8 @@ from ..rules.kinds import Override, OverrideContext
 
 
 class _Local(threading.local):
-    inside = 0  # how many _Transposed computations this thread is inside
-    depth = 0  # how many transpositions (jvp rules) of those
+    inside = 0  # how many _Transposed ops this thread is running (their function, vjp or jvp)
+    depth = 0  # how many of those are transposing (in their jvp), where rules must be linear
 
 
 _local = _Local()
