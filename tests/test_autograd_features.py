@@ -194,6 +194,15 @@ def test_torch_func_over_an_override_group_equals_reference() -> None:
     assert ag.groups.lifecycle.open_instances() == []
 
 
+def test_torch_func_counts_an_override_s_firings_as_reverse_mode_does() -> None:
+    x, y = torch.tensor([0.0, 2.0]), torch.tensor([2.0, 3.0])
+    ag.reset_stats()
+    torch.func.jacrev(ag.ops.pow)(x, y)
+    torch.func.jacfwd(ag.ops.pow)(x + 1, y)
+    rule = ag.stats()["ops.pow"]["rules"]["override(zero_base)"]
+    assert (rule["calls"], rule["firings"]) == (2, 1)
+
+
 def test_torch_func_over_an_override_group_keeps_its_subgradient_rules_not_linear_in_grad() -> None:
     # Only forward mode needs rules linear in grad; the override's vjp under jacrev takes any.
     with ag.registry_scope():

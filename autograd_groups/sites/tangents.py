@@ -36,6 +36,7 @@ from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import GroupError, RuleError
+from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
 
 
@@ -182,6 +183,8 @@ class _Call:
                             f"return its answer as a bool tensor, without bool() or .item() (see "
                             f"docs/groups.md, 'Forward mode')") from e
         fired = _decided(answer)
+        if isinstance(fired, bool):  # a batched answer is not one firing to count
+            counters.count_rule(self.name, rule.label, rule.kind, fired=fired)
         if fired is False:
             return automatic
         try:
