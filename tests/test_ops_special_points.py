@@ -18,6 +18,7 @@ from ops_cases import forward_backward, upstream
 
 import autograd_groups as ag
 from autograd_groups import ops
+from autograd_groups.ops import distance
 from autograd_groups.spec.loader import origin
 
 OPS_DIR = Path(ops.__file__).parent
@@ -65,6 +66,47 @@ def test_cdist_p2_chooses_the_matmul_form_as_torch_cdist(rows: int, uses_mm: boo
     assert ("mm" in graph_ops) == uses_mm
     native = torch.cdist(x1, x2).grad_fn
     assert (type(native.next_functions[0][0]).__name__ == "EuclideanDistBackward0") == uses_mm
+
+
+def _direct_pairs_with_duplicates(rows: int, others: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    x1 = torch.randn(2, rows, 16, generator=g, dtype=torch.float64)
+    x2 = torch.randn(2, others, 16, generator=g, dtype=torch.float64)
+    x2[:, 100:110] = x1[:, 3:13]
+    return x1.requires_grad_(), x2.requires_grad_()
+
+
+def test_cdist_direct_form_in_row_chunks_gives_torch_cdists_answer() -> None:
+    # 2 x 2048 x 16 doubles a row of x1: the CPU direct form takes x1's 30 rows a few at a time.
+    kwargs = {"compute_mode": "donot_use_mm_for_euclid_dist"}
+    with ag.trace() as t:
+        ours, ours_grads = forward_backward(ag.ops.cdist, _direct_pairs_with_duplicates(30, 2048), kwargs)
+    (instance,) = t.instances
+    graph_ops = [data["op"] for _, data in instance.graph.nodes(data=True) if data["kind"] == "op"]
+    assert "cat" in graph_ops and graph_ops.count("sqrt") == 1, graph_ops
+    native, native_grads = forward_backward(torch.cdist, _direct_pairs_with_duplicates(30, 2048), kwargs)
+    assert (native[:, 3:13, 100:110].diagonal(dim1=-2, dim2=-1) == 0).all()
+    torch.testing.assert_close(ours, native)
+    for mine, theirs in zip(ours_grads, native_grads):
+        assert torch.isfinite(mine).all()
+        torch.testing.assert_close(mine, theirs)
+
+
+def test_cdist_direct_form_in_row_chunks_has_right_forward_and_second_derivatives(monkeypatch) -> None:
+    g = torch.Generator().manual_seed(6)
+    x1 = torch.randn(2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    monkeypatch.setattr(distance, "_CHUNK_BYTES", 2 * 4 * 3 * 8 * 2)  # two rows of x1 a chunk
+
+    def cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ag.ops.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+    assert torch.autograd.gradcheck(cdist, (x1, x2), check_forward_ad=True)
+    assert torch.autograd.gradgradcheck(cdist, (x1, x2), check_fwd_over_rev=True)
+    with ag.trace() as t:
+        cdist(x1, x2)
+    (instance,) = t.instances
+    assert "cat" in {data["op"] for _, data in instance.graph.nodes(data=True) if data["kind"] == "op"}
 
 
 @pytest.mark.parametrize("exponent", [0.5, 1.0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ..groups.group import autograd_group
 from .norms import check_order, p_norm, reduce_dims
@@ -68,10 +69,38 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     return _euclidean_mm(x1, x2) if use_mm else _direct(x1, x2, p)
 
 
+# The bytes of differences one chunk of x1's rows makes on the CPU: its squares and the backward's
+# products stay in a core's cache, where the whole rows x rows x columns tensor (6.5 MB for
+# 25 x 1024 x 64) would go to memory several times over, each time a fresh buffer.
+_CHUNK_BYTES = 1 << 20
+
+
 def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
+    if p == 2 and not torch.compiler.is_compiling() and x1.device.type == "cpu" and (
+            x1.is_floating_point() or x2.is_floating_point()):
+        return _euclidean_in_chunks(x1, x2)
     # x1 + (-x2), not x1 - x2: the same numbers, but the backward negates x2's gradient after
-    # summing it, not the whole rows x rows x columns gradient before.
+    # summing it, not the whole rows x rows x columns gradient before. A compiled graph fuses this
+    # into one loop, and a GPU has no use for smaller steps.
     return p_norm(x1.unsqueeze(-2) + x2.neg().unsqueeze(-3), p, (-1,), False)
+
+
+def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking x1's rows about ``_CHUNK_BYTES`` of differences at a time.
+
+    ``mse_loss(reduction="none")`` gives the same numbers as ``d * d`` without a tensor of
+    differences: the forward writes the squares only, and nothing of the chunk's size is saved.
+    """
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]).numel()
+    row_bytes = batch * x2.shape[-2] * x2.shape[-1] * torch.result_type(x1, x2).itemsize
+    x2_rows = x2.unsqueeze(-3)
+    squares = []
+    # Split before broadcasting: split's backward then joins x1's small gradients, not full ones.
+    for part in x1.unsqueeze(-2).split(max(1, _CHUNK_BYTES // max(1, row_bytes)), -3):
+        a, b = torch.broadcast_tensors(part, x2_rows)
+        squares.append(F.mse_loss(a, b, reduction="none").sum(-1))
+    # One sqrt after the cat, so that the rule's site is one node, chunks or not.
+    return (squares[0] if len(squares) == 1 else torch.cat(squares, -2)).sqrt()
 
 
 def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
