@@ -194,12 +194,13 @@ class autograd_group:
             if torch.compiler.is_dynamo_compiling():
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             enabled = flag.current_state().for_group(name)
-            if enabled and registry.has_rules(name) and tangents.wanted(
-                    args, kwargs, registry.ruleset(name).override is not None):
-                where = caller(2)
-                return tangents.run(name, where, fn,
-                                    lambda a, k: run(a, k, enabled, where, override=False), args, kwargs,
-                                    registry.ruleset(name).override, context)
+            if enabled and registry.has_rules(name):
+                override = registry.ruleset(name).override
+                if tangents.wanted(args, kwargs, override is not None):
+                    where = caller(2)
+                    return tangents.run(name, where, fn,
+                                        lambda a, k: run(a, k, enabled, where, override=False), args,
+                                        kwargs, override, context)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:
