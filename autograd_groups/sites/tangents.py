@@ -58,8 +58,7 @@ def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = 
     False
     """
     if forward_ad._current_level >= 0 and (args is None or any(
-            isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None
-            for t in (*args, *(kwargs or {}).values()))):
+            isinstance(t, torch.Tensor) and _dual(t) for t in (*args, *(kwargs or {}).values()))):
         return True
     if peek_interpreter_stack() is None:
         return False
@@ -267,8 +266,12 @@ def _varies(t: torch.Tensor) -> bool:
     tensor, or one that requires grad. Any other is a constant of the call: as an input of the
     Function, functorch would give it a zero tangent, and ``0 * inf`` (``x / y`` of xlogy at
     ``x = y = 0``) would turn the rows it meets into NaN."""
-    return (t.requires_grad or maybe_get_level(t) != -1
-            or (forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None))
+    return t.requires_grad or maybe_get_level(t) != -1 or (forward_ad._current_level >= 0 and _dual(t))
+
+
+def _dual(t: torch.Tensor) -> bool:
+    """Whether ``t`` carries a tangent at the current ``forward_ad`` dual level."""
+    return forward_ad.unpack_dual(t).tangent is not None
 
 
 def refuse_block(name: str, where: tuple[str, int], form: str) -> GroupError:
