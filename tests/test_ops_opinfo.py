@@ -147,6 +147,11 @@ def _not_finite(sample: SampleInput) -> bool:
     return any(not bool(t.isfinite().all()) for t in _values(sample))
 
 
+def _both_coordinates_infinite(sample: SampleInput) -> bool:
+    y, x = (torch.as_tensor(v).detach() for v in (sample.input, sample.args[0]))
+    return bool((y.isinf() & x.isinf()).any())
+
+
 def _huge_exponent_of_negative_base(sample: SampleInput) -> bool:
     base, exponent = (torch.as_tensor(v) for v in (sample.input, sample.args[0]))
     return bool((base < 0).any()) and bool((exponent.abs() >= 2.0 ** 24).any())
@@ -154,8 +159,8 @@ def _huge_exponent_of_negative_base(sample: SampleInput) -> bool:
 
 #: Samples outside a built-in's documented domain: (OpInfo name, predicate over the sample, reason).
 OUTSIDE: list[tuple[str, Callable[[SampleInput], bool], str]] = [
-    ("atan2", _not_finite, "an infinite coordinate: ops.atan2's half-angle quotient is inf / inf there; "
-                           "NaN propagates as in torch.atan2"),
+    ("atan2", _both_coordinates_infinite, "both coordinates infinite: ops.atan2's quotient is inf / inf "
+                                          "there, where torch.atan2 gives an odd multiple of pi / 4"),
     ("pow", _not_finite, "an infinite or NaN base or exponent: exp(y log|x|) is exp(inf * 0) where C's "
                          "pow special-cases 1 ** inf, (-1) ** inf and nan ** 0"),
     ("pow", _huge_exponent_of_negative_base,

@@ -1,9 +1,10 @@
 """Elementwise ops: ``pow`` as ``exp(y * log|x|)``, ``atan2`` from ``atan``, ``xlogy`` from ``log``.
 
 Each composite defines its value at its special points itself (``0 ** 0 = 1`` and ``0 * log 0 = 0``
-selected by ``torch.where``, the origin's ``atan2`` by a denominator set to ``inf``), so only the
-gradient is left to the rules: the branch that ``where`` does not select still runs backward, with
-a zero gradient times an infinite slope, and ``hypot``'s slope at the origin is ``0 / 0``.
+selected by ``torch.where``, the origin's ``atan2`` by a quotient set to 0), so only the gradient is
+left to the rules: the branch that ``where`` does not select still runs backward, with a zero
+gradient times an infinite slope, and on the y axis ``atan2``'s chain multiplies ``atan'`` at
+``y / 0`` (0) by ``div``'s slope ``1 / 0``.
 """
 
 from __future__ import annotations
@@ -96,34 +97,76 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
 def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``torch.atan2(input, other)``: the angle of the point ``(other, input)``, in ``[-pi, pi]``.
 
-    The half-angle formula: ``2 atan(y / (|(x, y)| + |x|))`` is the angle of ``(|x|, y)``, and a
-    negative ``x`` (signed zeros included, as in torch.atan2) mirrors it, ``pi * sign(y)`` minus it.
-    The quotient's denominator is at least ``|y|`` and is 0 only at the origin, so there is one
-    special point; infinite coordinates are outside the domain (docs/builtins.md).
+    ``atan(y / x)``, plus ``pi * sign(y)`` where ``x`` is negative (signed zeros included, as in
+    torch.atan2). On the y axis (``x = 0``) the quotient is infinite and the angle ``+-pi/2``; at the
+    origin the quotient ``0 / 0`` is set to 0, so the angle is ``+-0`` or ``+-pi`` as torch.atan2's.
+    Both coordinates infinite is outside the domain (docs/builtins.md).
 
     >>> import torch, autograd_groups as ag
     >>> y = torch.tensor([0.0, 1.0], requires_grad=True)
     >>> x = torch.tensor([0.0, 0.0], requires_grad=True)
     >>> ag.ops.atan2(y, x).sum().backward()
     >>> y.grad, x.grad
-    (tensor([0., 0.]), tensor([ 0., -1.]))
+    (tensor([0., 0.]), tensor([-0., -1.]))
     """
     y, x = input, other
-    if y.shape != x.shape:
-        # The rule reads the hypot's saved result, which must have the shape of each input's gradient.
-        y, x = torch.broadcast_tensors(y, x)
+    quotient = y / x
     with torch.no_grad():
-        # Factors, not selects: a select over a random mask costs more than the whole formula.
-        sign = torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
-        half_offset = torch.copysign(torch.full((), math.pi / 4, dtype=y.dtype, device=y.device), y)
-        half_offset.addcmul_(half_offset, sign, value=-1)  # pi/2 * sign(y) where x < 0, else +-0
-    # sign * (|(x, y)| + |x|); the sign folded into the quotient mirrors its atan where x < 0. The
-    # in-place ops write over results no backward reads, sparing a full-size buffer each.
-    denominator = torch.hypot(x, y).mul(sign).add_(x)
-    with torch.no_grad():
-        # The origin: 0 / inf = 0, and the angle is the offset (+-0 or +-pi), as torch.atan2.
-        denominator.masked_fill_(denominator == 0, math.inf)
-    return half_offset.add_(torch.atan(y / denominator)).mul_(2)
+        # pi * sign(y) where x < 0, as pi/2 * sign(y) * (1 - sign(x)): factors, not a select or a
+        # bool mask, which cost more than the whole formula on the CPU.
+        half = torch.copysign(torch.full((), math.pi / 2, dtype=quotient.dtype, device=quotient.device), y)
+        sign = torch.copysign(torch.ones((), dtype=quotient.dtype, device=quotient.device), x)
+        offset = torch.addcmul(half, half, sign, value=-1)
+        if _may_be_zero(x):
+            quotient.masked_fill_((x == 0) & (y == 0), 0.0)
+    # In place: atan keeps its input for the backward, not its result.
+    return torch.atan(quotient).add_(offset)
+
+
+def _may_be_zero(x: torch.Tensor) -> bool:
+    """False where ``x`` is known to hold no zero: an eager CPU tensor whose smallest ``|x|`` is not 0.
+
+    The minimum costs a tenth of the masked fill it spares; compiled code, ``torch.func`` transforms
+    (whose tensors cannot be branched on) and accelerators (where it would make the host wait)
+    always fill. A NaN makes the minimum NaN, and the fill run.
+    """
+    if (torch.compiler.is_compiling() or x.device.type != "cpu"
+            or torch._C._functorch.peek_interpreter_stack() is not None):
+        return True
+    return x.numel() > 0 and not bool(x.abs().amin() > 0)
+
+
+def near_the_y_axis(ctx: OverrideContext) -> torch.Tensor:
+    """The check of ``ops.atan2``'s override: some ``x`` is 0, or tiny against some ``|y|``.
+
+    There ``y / x`` is infinite, or so large that its square overflows or ``(y / x) / x`` does: the
+    chain's slope is ``0 * inf`` (``atan'`` has made the gradient 0 before ``div`` divides it by
+    ``x``), where ``atan2``'s is ``-1 / y``. No op of the chain sees both factors, so no subgradient
+    rule can give it. The check reads two extremes, not a mask, so it fires for the whole call when
+    the smallest ``|x|`` is below ``max |y| / 2**(e/4)`` or ``2**(-e/2)`` (``e`` the dtype's largest
+    exponent; float32: ``max |y| / 2**32``, ``2**-64``), which leaves the chain's slopes far from
+    overflow; a NaN makes it fire too, and the replacement propagates it as torch.atan2.
+    """
+    y, x = ctx.arguments["input"], ctx.arguments["other"]
+    (result,) = ctx.outputs
+    if result.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=result.device)
+    exponent = math.frexp(torch.finfo(result.dtype).max)[1]
+    low, high = torch.aminmax(y)  # max |y| without a tensor of |y|
+    nearest, farthest = x.abs().amin(), torch.maximum(high, -low)
+    return ~(nearest > torch.clamp_min(farthest * 2.0 ** -(exponent // 4), 2.0 ** -(exponent // 2)))
+
+
+def atan2_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ops.atan2``'s replacement backward when :func:`near_the_y_axis` fires: ``atan2_backward``
+    of PyTorch's ``FunctionsManual.cpp``, ``grad * (x, -y) / (x**2 + y**2)``, 0 where that
+    denominator is 0 (the origin, and points so close to it that the squares underflow)."""
+    y, x = ctx.arguments["input"], ctx.arguments["other"]
+    squares = x * x + y * y
+    zero = squares == 0
+    # A double where: 1 / 0 in the unselected branch would be NaN in the next derivative.
+    scale = torch.where(zero, 0.0, grad / torch.where(zero, 1.0, squares))
+    return (scale * x).sum_to_size(y.shape), (-scale * y).sum_to_size(x.shape)
 
 
 @autograd_group("ops.xlogy")
