@@ -77,7 +77,7 @@ def _direct_pairs_with_duplicates(rows: int, others: int) -> tuple[torch.Tensor,
 
 
 def test_cdist_direct_form_in_row_chunks_gives_torch_cdists_answer() -> None:
-    # 2 x 2048 x 16 doubles a row of x1: the CPU direct form takes x1's 30 rows a few at a time.
+    # 2 x 30 x 16 doubles a row of x2: the CPU direct form takes x2's 2048 rows a few at a time.
     kwargs = {"compute_mode": "donot_use_mm_for_euclid_dist"}
     with ag.trace() as t:
         ours, ours_grads = forward_backward(ag.ops.cdist, _direct_pairs_with_duplicates(30, 2048), kwargs)
@@ -92,11 +92,14 @@ def test_cdist_direct_form_in_row_chunks_gives_torch_cdists_answer() -> None:
         torch.testing.assert_close(mine, theirs)
 
 
-def test_cdist_direct_form_in_row_chunks_has_right_forward_and_second_derivatives(monkeypatch) -> None:
+@pytest.mark.parametrize("rows1, rows2", [(5, 4), (4, 5)], ids=["x1 split", "x2 split"])
+def test_cdist_direct_form_in_row_chunks_has_right_forward_and_second_derivatives(monkeypatch, rows1,
+                                                                                  rows2) -> None:
+    # The side with more rows is split, two rows a chunk.
     g = torch.Generator().manual_seed(6)
-    x1 = torch.randn(2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    x2 = torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    monkeypatch.setattr(distance, "_CHUNK_BYTES", 2 * 4 * 3 * 8 * 2)  # two rows of x1 a chunk
+    x1 = torch.randn(2, rows1, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    x2 = torch.randn(rows2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    monkeypatch.setattr(distance, "_CHUNK_BYTES", 2 * 2 * 4 * 3 * 8)
 
     def cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return ag.ops.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
@@ -214,6 +217,31 @@ def test_atan2_broadcasting_inputs_that_both_need_gradients() -> None:
     ours = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
     native = _grads(torch.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
     torch.testing.assert_close(ours, native)
+
+
+def test_atan2_on_and_near_the_y_axis_equals_torch_atan2() -> None:
+    # x = 0 (the origin too), and x so small against y that (y / x)^2 overflows float32: there
+    # atan(y / x)'s chain alone gives NaN or 0 in x's gradient, where atan2's is -1 / y.
+    y = torch.tensor([1.0, -2.0, 0.0, -0.0, 1.0, 3.0, 1e-3])
+    x = torch.tensor([0.0, -0.0, 0.0, -0.0, 1e-20, -1e-25, 1e-21])
+    ours = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    native = _grads(torch.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    torch.testing.assert_close(ours, native)
+    with ag.special_cases(False):
+        plain = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))[1]
+    assert not plain[1].isfinite().all(), "the chain's NaN here is what the override replaces"
+
+
+def test_atan2_override_fires_only_near_the_y_axis() -> None:
+    # The check reads min |x| against max |y|: ordinary data keeps the cheap chain.
+    g = torch.Generator().manual_seed(3)
+    y, x = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    ag.reset_stats()
+    for x_ in (x, torch.cat([x, torch.zeros(1)]), torch.cat([x, torch.full((1,), 1e-12)])):
+        y_ = torch.cat([y, torch.ones(x_.numel() - y.numel())])
+        ag.ops.atan2(y_.requires_grad_(), x_.requires_grad_()).sum().backward()
+    rule = ag.stats()["ops.atan2"]["rules"]["override(near_the_y_axis)"]
+    assert (rule["calls"], rule["firings"]) == (3, 2)
 
 
 @pytest.mark.parametrize(("args", "kwargs"), [((), {"dim": 1, "correction": None}), ((False,), {}),

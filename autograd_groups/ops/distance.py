@@ -69,10 +69,11 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     return _euclidean_mm(x1, x2) if use_mm else _direct(x1, x2, p)
 
 
-# The bytes of differences one chunk of x1's rows makes on the CPU: its squares and the backward's
-# products stay in a core's cache, where the whole rows x rows x columns tensor (6.5 MB for
-# 25 x 1024 x 64) would go to memory several times over, each time a fresh buffer.
-_CHUNK_BYTES = 1 << 20
+# The bytes of differences one chunk of rows makes on the CPU: about a core's L2 cache, where the
+# chunk's squares and the backward's products stay, rather than the whole rows x rows x columns
+# tensor (6.5 MB for 25 x 1024 x 64) going to memory several times over. Larger chunks were
+# slower here, smaller ones spent more on the per-chunk ops (docs/builtins.md#performance).
+_CHUNK_BYTES = 2 << 20
 
 
 def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
@@ -86,21 +87,29 @@ def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking x1's rows about ``_CHUNK_BYTES`` of differences at a time.
+    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows about ``_CHUNK_BYTES`` of
+    differences at a time.
 
+    The other side's gradient is summed over the chunks, so it is the smaller one that is summed.
     ``mse_loss(reduction="none")`` gives the same numbers as ``d * d`` without a tensor of
     differences: the forward writes the squares only, and nothing of the chunk's size is saved.
     """
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]).numel()
-    row_bytes = batch * x2.shape[-2] * x2.shape[-1] * torch.result_type(x1, x2).itemsize
-    x2_rows = x2.unsqueeze(-3)
+    split_x2 = x2.shape[-2] >= x1.shape[-2]
+    small = x1 if split_x2 else x2
+    row_bytes = batch * small.shape[-2] * small.shape[-1] * torch.result_type(x1, x2).itemsize
+    step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+    # Split before broadcasting: split's backward then joins the chunks' small gradients, not full ones.
+    if split_x2:
+        whole, parts, joined = x1.unsqueeze(-2), x2.unsqueeze(-3).split(step, -2), -1
+    else:
+        whole, parts, joined = x2.unsqueeze(-3), x1.unsqueeze(-2).split(step, -3), -2
     squares = []
-    # Split before broadcasting: split's backward then joins x1's small gradients, not full ones.
-    for part in x1.unsqueeze(-2).split(max(1, _CHUNK_BYTES // max(1, row_bytes)), -3):
-        a, b = torch.broadcast_tensors(part, x2_rows)
+    for part in parts:
+        a, b = torch.broadcast_tensors(whole, part)
         squares.append(F.mse_loss(a, b, reduction="none").sum(-1))
     # One sqrt after the cat, so that the rule's site is one node, chunks or not.
-    return (squares[0] if len(squares) == 1 else torch.cat(squares, -2)).sqrt()
+    return (squares[0] if len(squares) == 1 else torch.cat(squares, joined)).sqrt()
 
 
 def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -126,7 +135,12 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     n = input.shape[0]
     rows, cols, flat = _upper_triangle(n, input.device)
     if p == 2 and n > 25:
-        return _squared_mm(input, input).flatten().index_select(0, flat).clamp_min(0).sqrt()
+        # |x_i|^2 + |x_j|^2 - 2 x_i.x_j, the norms added around a product over the input's own
+        # columns: _squared_mm's cat would add two, which makes each of the backward's two products
+        # a third slower (512 rows x 34 against 32 columns).
+        norms = (input * input).sum(-1, keepdim=True)
+        squared = torch.addmm(norms, input, input.T, alpha=-2).add_(norms.T)
+        return squared.flatten().index_select(0, flat).clamp_min(0).sqrt()
     return p_norm(input.index_select(0, rows) - input.index_select(0, cols), p, (-1,), False)
 
 
