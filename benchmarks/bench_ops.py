@@ -13,6 +13,7 @@ that drift on a shared machine hits all of them alike; the table shows medians:
     python benchmarks/bench_ops.py                 # every op, a Markdown table
     python benchmarks/bench_ops.py --only cdist    # rows whose name contains "cdist"
     python benchmarks/bench_ops.py --threads 1     # steadier on a shared machine
+    python benchmarks/bench_ops.py --cold          # without the allocator warm-up (see _warm_allocator)
 """
 
 from __future__ import annotations
@@ -114,6 +115,19 @@ def run(bench: Bench, repeat: int, warmup: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _warm_allocator() -> None:
+    """Put glibc's allocator in the state of a process that has run a training step.
+
+    glibc serves a block above its mmap threshold (128 KB at start) with fresh pages from the OS,
+    each page a fault when first written, and raises the threshold to the size of such a block once
+    one is freed (up to 32 MB). A training process has freed activations of megabytes long before;
+    a fresh one page-faults on every temporary of a megabyte or more until it has too, so the rows
+    of a run would depend on the rows before them. Native kernels with few temporaries barely
+    notice; composites do (cdist's direct form: 3300 faults and 5x the time of a warm step here).
+    """
+    torch.empty(16 << 20, dtype=torch.uint8)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -121,12 +135,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--only", default="", help="run the rows whose name contains this text")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--cold", action="store_true", help="skip the allocator warm-up")
     args = parser.parse_args()
+    if not args.cold:
+        _warm_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch._dynamo.config.cache_size_limit = 64
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, forward + backward, "
-          f"median of {args.repeat} interleaved repetitions (ms; x native in parentheses)\n")
+          f"median of {args.repeat} interleaved repetitions (ms; x native in parentheses), "
+          f"allocator {'cold' if args.cold else 'warm'}\n")
     print("| op | size | native | composite | rules on | rules off | c.native | compiled "
           "| compiled / best native |")
     print("|---|---|---|---|---|---|---|---|---|")
