@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ops_cases import forward_backward, upstream
 
 import autograd_groups as ag
@@ -230,6 +232,29 @@ def test_atan2_on_and_near_the_y_axis_equals_torch_atan2() -> None:
     with ag.special_cases(False):
         plain = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))[1]
     assert not plain[1].isfinite().all(), "the chain's NaN here is what the override replaces"
+
+
+#: Coordinates for ops.atan2: zeros of both signs, values tiny enough that (y / x)^2 overflows or
+#: x^2 + y^2 underflows in float32, and any finite float32.
+_COORDINATES = st.one_of(st.sampled_from([0.0, -0.0, 1e-30, -1e-25, 1e-20, -6e-20, 1e-19, 2.5e-10]),
+                         st.floats(-1e6, 1e6, width=32),
+                         st.floats(allow_nan=False, allow_infinity=False, width=32))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(_COORDINATES, _COORDINATES), min_size=1, max_size=6),
+       st.sampled_from([torch.float32, torch.float64]))
+def test_atan2_equals_torch_atan2_wherever_torch_is_finite(points, dtype) -> None:
+    # Whether the override fires depends on the whole call (min |x| against max |y|), so points
+    # near the axis share calls with ordinary ones.
+    y, x = (torch.tensor(c, dtype=dtype) for c in zip(*points))
+    ours = _grads(ag.ops.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    native = _grads(torch.atan2, (y.clone().requires_grad_(), x.clone().requires_grad_()))
+    torch.testing.assert_close(ours[0], native[0])
+    for mine, theirs in zip(ours[1], native[1]):
+        finite = theirs.isfinite()
+        assert mine[finite].isfinite().all()
+        torch.testing.assert_close(mine[finite], theirs[finite])
 
 
 def test_atan2_override_fires_only_near_the_y_axis() -> None:

@@ -164,9 +164,11 @@ def atan2_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Ten
     y, x = ctx.arguments["input"], ctx.arguments["other"]
     squares = x * x + y * y
     zero = squares == 0
-    # A double where: 1 / 0 in the unselected branch would be NaN in the next derivative.
-    scale = torch.where(zero, 0.0, grad / torch.where(zero, 1.0, squares))
-    return (scale * x).sum_to_size(y.shape), (-scale * y).sum_to_size(x.shape)
+    # A double where: 1 / 0 in the unselected branch would be NaN in the next derivative. The
+    # gradient multiplies a coordinate before the reciprocal, as ATen's: 1 / x**2 of a tiny x is
+    # near float32's largest value, and grad / x**2 would overflow where grad * x / x**2 does not.
+    recip = torch.where(zero, 0.0, torch.where(zero, 1.0, squares).reciprocal())
+    return (grad * x * recip).sum_to_size(y.shape), (grad * -y * recip).sum_to_size(x.shape)
 
 
 @autograd_group("ops.xlogy")
