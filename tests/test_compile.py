@@ -309,6 +309,28 @@ def test_compiled_autograd_applies_the_rules(forward):
     assert dict(counters["graph_break"]) == {}
 
 
+OVERRIDES = {
+    "pow": (lambda a, b: ag.ops.pow(a, b), torch.pow),
+    "atan2": (lambda a, b: ag.ops.atan2(a, b), torch.atan2),
+}
+
+
+@pytest.mark.parametrize("name", list(OVERRIDES))
+def test_compiled_autograd_runs_an_override_group(name):
+    """The override's Function calls torch.autograd.grad in its backward; compiled autograd traces
+    it, whether the check fires (a zero base; the origin) or not."""
+    ours, native = OVERRIDES[name]
+    for first in (0.0, 0.5):
+        x = leaf([first, 1.0, -2.0])
+        other = torch.tensor([2.0 if first else 0.0, 3.0, -1.0], dtype=torch.float64)
+        loss = (ours(x, other) * torch.arange(1.0, 4.0, dtype=x.dtype)).sum()
+        with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            loss.backward()
+        want = grads(lambda a, b=other: native(a, b) * torch.arange(1.0, 4.0, dtype=a.dtype),
+                     leaf([first, 1.0, -2.0]))
+        assert_same((x.grad,), want)
+
+
 def test_compiled_autograd_obeys_a_backward_scope():
     """Compiled autograd traces the backward when it runs, so the scope is read (and guarded) then."""
 
