@@ -30,6 +30,17 @@ def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
     return a, b
 
 
+def _may_read(x: torch.Tensor) -> bool:
+    """Whether an op may read ``x``'s values to skip work it does not need: an eager CPU tensor.
+
+    Compiled code and ``torch.func`` transforms cannot branch on data, and on an accelerator the
+    read would make the host wait for the device; there the work is always done. On the CPU a
+    reduction is a fraction of the passes it spares (``pow``'s sign, ``atan2``'s origin fill).
+    """
+    return not (torch.compiler.is_compiling() or x.device.type != "cpu"
+                or torch._C._functorch.peek_interpreter_stack() is not None)
+
+
 def _pow_sign(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The sign of ``x ** y`` as torch.pow has it: -1 for a negative base (``-0.0`` included) and an
     odd integer exponent, NaN for a finite negative base and an exponent that is not an integer."""
@@ -52,9 +63,9 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     tensor([ 0.,  1., 12., 12.])
     """
     x, y = _tensors(input, exponent)
-    # Bases without a sign bit (the usual case, checked once where the code runs eagerly) skip the
-    # sign's passes over the data.
-    signed = torch.compiler.is_compiling() or bool(torch.signbit(x).any())
+    # Bases without a sign bit (the usual case, checked where the data may be read) skip the sign's
+    # passes over the data.
+    signed = not _may_read(x) or bool(torch.signbit(x).any())
     if signed:
         with torch.no_grad():
             sign = _pow_sign(x, y)
@@ -117,23 +128,10 @@ def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         half = torch.copysign(torch.full((), math.pi / 2, dtype=quotient.dtype, device=quotient.device), y)
         sign = torch.copysign(torch.ones((), dtype=quotient.dtype, device=quotient.device), x)
         offset = torch.addcmul(half, half, sign, value=-1)
-        if _may_be_zero(x):
+        if not _may_read(x) or (x.numel() > 0 and not bool(x.abs().amin() > 0)):  # NaN fills too
             quotient.masked_fill_((x == 0) & (y == 0), 0.0)
     # In place: atan keeps its input for the backward, not its result.
     return torch.atan(quotient).add_(offset)
-
-
-def _may_be_zero(x: torch.Tensor) -> bool:
-    """False where ``x`` is known to hold no zero: an eager CPU tensor whose smallest ``|x|`` is not 0.
-
-    The minimum costs a tenth of the masked fill it spares; compiled code, ``torch.func`` transforms
-    (whose tensors cannot be branched on) and accelerators (where it would make the host wait)
-    always fill. A NaN makes the minimum NaN, and the fill run.
-    """
-    if (torch.compiler.is_compiling() or x.device.type != "cpu"
-            or torch._C._functorch.peek_interpreter_stack() is not None):
-        return True
-    return x.numel() > 0 and not bool(x.abs().amin() > 0)
 
 
 def near_the_y_axis(ctx: OverrideContext) -> torch.Tensor:
