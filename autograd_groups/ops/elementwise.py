@@ -94,7 +94,11 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
     (``pow_backward_self`` and ``pow_backward_exponent`` of PyTorch's ``FunctionsManual.cpp``)."""
     (result,) = ctx.outputs
     x, y = _tensors(ctx.arguments["input"], ctx.arguments["exponent"])
-    slope = torch.where(y == 0, 0.0, y * torch.pow(x, y - 1))
+    # At x = 0 with y = 0 or 1 the slope is 0 or 1 nearby too, but torch.pow's derivatives of
+    # x ** -1 or x ** 0 there are infinite or NaN, and a select does not stop them from the second
+    # order on: those elements take the base 1.
+    flat = (x == 0) & ((y == 0) | (y == 1))
+    slope = torch.where(y == 0, 0.0, y * torch.pow(torch.where(flat, 1.0, x), y - 1))
     # log|x| is selected away at x = 0, and 1 there keeps its derivative finite for the graphs that
     # differentiate this replacement (jacrev of jacfwd): 0 * inf would be NaN.
     zero = (x == 0) & (y >= 0)
