@@ -248,6 +248,18 @@ def inputs(case: Case, dtype: torch.dtype, seed: int = 0) -> tuple[Any, ...]:
     return tuple(t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) else t for t in made)
 
 
+def ordinary_inputs(case: Case, dtype: torch.dtype) -> tuple[Any, ...]:
+    """Inputs of ``case`` moved off its special points: every tensor plus noise (no zero difference,
+    no zero or constant slice, no tie), bases of pow and the second operand of xlogy positive."""
+    g = torch.Generator().manual_seed(5)
+    moved = [a.detach() + 0.3 * torch.randn(a.shape, generator=g, dtype=torch.float64).to(dtype)
+             if isinstance(a, torch.Tensor) else a for a in inputs(case, dtype)]
+    positive = {"pow": 0, "xlogy": 1}.get(case.id.split("-")[0])
+    if positive is not None and isinstance(moved[positive], torch.Tensor):
+        moved[positive] = moved[positive].abs() + 0.25
+    return tuple(moved)
+
+
 def upstream(out: torch.Tensor) -> torch.Tensor:
     """A non-uniform, nonzero upstream gradient, so a wrong mask cannot hide behind symmetry."""
     return (torch.arange(out.numel(), dtype=out.dtype) % 5 + 1).reshape(out.shape) / 2

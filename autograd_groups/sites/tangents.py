@@ -18,8 +18,15 @@ functions, since the override's own ``autograd.Function`` cannot run under ``tor
 reason an override group runs as this op under the reverse-mode transforms of ``torch.func`` too
 (``grad``, ``vjp``, ``jacrev``, ``vmap``), where only its vjp is used.
 
-The price is a backward and a double backward of the group per forward-mode call; reverse mode
-pays one attribute read (:func:`active`).
+Nested forward mode (``jvp`` of ``jvp``, ``jacfwd(jacfwd)``, ``hessian``) needs the tangents of a
+derivative: of the vjp, or of the tangents. Such a derivative, computed inside the op where an
+enclosing forward-mode level will differentiate it, runs as an op of the same kind
+(:class:`_Derivative`), so its tangents too come from reverse mode through the rules, never from
+forward AD through the group's plain ops; and the op's jvp turns forward AD back on, which autograd
+switches off for every level while a Function's jvp runs.
+
+The price is a backward and a double backward of the group per forward-mode call, doubled by each
+enclosing forward-mode level; reverse mode pays one attribute read (:func:`active`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,15 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
-from torch._C._functorch import TransformType, maybe_get_level, peek_interpreter_stack
+from torch._C._functorch import (
+    TransformType,
+    _add_batch_dim,
+    get_unwrapped,
+    is_batchedtensor,
+    maybe_get_bdim,
+    maybe_get_level,
+    peek_interpreter_stack,
+)
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -162,8 +177,7 @@ class _Call:
 
     def vjp(self, inputs: tuple[torch.Tensor, ...], cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
         """The group's gradients of ``inputs`` for output ``cotangents``, its rules applied."""
-        out, vjp_fn = torch.func.vjp(self.ruled, *inputs)[:2]
-        automatic = vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+        out, automatic = _reverse(self.ruled, inputs, cotangents)
         if self._override is None:
             return automatic
         outputs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
@@ -201,19 +215,88 @@ class _Call:
                      for x, a in zip(inputs, automatic))
 
 
+class _Derivative:
+    """A derivative of an op -- its vjp, or its tangents -- as an op of its own: ``fn`` of the
+    tensors it varies with. Run as a :class:`_Transposed` op where an enclosing forward-mode level
+    differentiates it, its own tangents are then the transpose of its reverse mode: reverse over
+    reverse through the group's rules, not forward AD through the group's plain ops, which would
+    meet their singular derivatives (``jvp`` of ``jvp`` at a special point)."""
+
+    def __init__(self, op: _Call | _Derivative, fn: Callable[..., Any]) -> None:
+        self.name: str = op.name
+        self.where: str = op.where
+        self._fn = fn
+
+    def plain(self, *tensors: torch.Tensor) -> Any:
+        with _inside():
+            return self._fn(*tensors)
+
+    def vjp(self, inputs: tuple[torch.Tensor, ...], cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+        return _reverse(self._fn, inputs, cotangents)[1]
+
+
+def _reverse(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
+             cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """``fn(*inputs)`` and its vjp for output ``cotangents``, by torch.func."""
+    out, vjp_fn = torch.func.vjp(fn, *inputs)[:2]
+    return out, vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+
+
+def _derivative(op: _Call | _Derivative, fn: Callable[..., Any], tensors: tuple[torch.Tensor | None, ...],
+                differentiated: bool) -> Any:
+    """``fn(*tensors)``, a derivative of ``op``; as a :class:`_Transposed` op of its own where a
+    forward-mode level will ``differentiate`` it, with the tensors that vary as its inputs."""
+    if not differentiated:
+        return fn(*tensors)
+    varying = [i for i, t in enumerate(tensors) if t is not None and _varies(t)]
+
+    def of_varying(*picked: torch.Tensor) -> Any:
+        values = list(tensors)
+        for i, t in zip(varying, picked):
+            values[i] = t
+        return fn(*values)
+
+    return _Transposed.apply(_Derivative(op, of_varying), *(tensors[i] for i in varying))
+
+
+def _primal(t: torch.Tensor) -> torch.Tensor:
+    """``t`` without its tangent of the innermost forward-mode level: a vmap-batched tensor (a
+    jvp that ``generate_vmap_rule`` runs under vmap) is unbatched for ``unpack_dual``, which has
+    no batching rule, and batched again."""
+    if is_batchedtensor(t):
+        return _add_batch_dim(_primal(get_unwrapped(t)), maybe_get_bdim(t), maybe_get_level(t))
+    return forward_ad.unpack_dual(t).primal
+
+
+def _forward_levels(inner: bool = False) -> bool:
+    """Whether a forward-mode level (a ``torch.func`` jvp transform, a ``forward_ad`` dual level)
+    will differentiate what this thread computes now; but the innermost jvp transform, whose jvp
+    is running, where ``inner``."""
+    if not inner and forward_ad._current_level >= 0:  # torch.func's jvp opens a dual level too
+        return True
+    top = peek_interpreter_stack()
+    if top is None:
+        return False
+    levels = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    return levels > (1 if inner and top.key() == TransformType.Jvp else 0)
+
+
 class _Transposed(torch.autograd.Function):
-    """The group as one op: its forward the bare function, its vjp the group's with rules, its jvp
-    the transpose of that vjp."""
+    """An op -- a group, or a derivative of one -- whose forward gives its values, whose vjp is the
+    group's with rules, and whose jvp is the transpose of that vjp."""
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(call: _Call, *inputs: torch.Tensor) -> Any:
+    def forward(call: _Call | _Derivative, *inputs: torch.Tensor) -> Any:
         return call.plain(*inputs)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.call = inputs[0]
+        # An input without a tangent gets None, not zeros: a zero tangent would meet the op's
+        # infinite partial derivatives in the transpose's pairing (0 * inf).
+        ctx.set_materialize_grads(False)
         outputs = (output,) if isinstance(output, torch.Tensor) else output
         ctx.outputs = [torch.empty_like(t) for t in outputs]
         ctx.save_for_forward(*inputs[1:])
@@ -221,27 +304,43 @@ class _Transposed(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx: Any, _: None, *tangents: torch.Tensor | None) -> Any:
-        call: _Call = ctx.call
-        inputs = ctx.saved_tensors
-        units = tuple(torch.ones_like(t) for t in ctx.outputs)
+        call: _Call | _Derivative = ctx.call
+        count, given = len(ctx.outputs), len(ctx.saved_tensors)
 
-        def pairing(*cotangents: torch.Tensor) -> torch.Tensor:
-            grads = call.vjp(inputs, cotangents)
-            total = cotangents[0].new_zeros(())
-            for grad, tangent in zip(grads, tangents):
-                if grad is not None and tangent is not None:
-                    total = total + (grad * tangent).sum()
-            return total
+        def tangent(*values: Any) -> Any:
+            inputs, directions, units = values[:given], values[given:2 * given], values[2 * given:]
 
-        with _inside(transposing=True):
-            out = torch.func.grad(pairing, argnums=tuple(range(len(units))))(*units)
-        return out[0] if len(units) == 1 else out
+            def pairing(*cotangents: torch.Tensor) -> torch.Tensor:
+                total = cotangents[0].new_zeros(())
+                for grad, t in zip(call.vjp(inputs, cotangents), directions):
+                    if grad is not None and t is not None:
+                        total = total + (grad * t).sum()
+                return total
+
+            out = torch.func.grad(pairing, argnums=tuple(range(count)))(*units)
+            return out[0] if count == 1 else out
+
+        # Autograd runs a Function's jvp with forward AD off at every level, so an enclosing
+        # forward-mode transform would see the tangents as constants (pytorch/pytorch#197867).
+        # Turned back on, it differentiates them; the inputs' primals carry no tangent of this
+        # level, so this level records nothing of its own.
+        with forward_ad._set_fwd_grad_enabled(True), _inside(transposing=True):
+            primals = tuple(_primal(x) for x in ctx.saved_tensors)
+            units = tuple(torch.ones_like(t) for t in ctx.outputs)
+            return _derivative(call, tangent, (*primals, *tangents, *units), _forward_levels(inner=True))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        call: _Call | _Derivative = ctx.call
+        inputs = ctx.saved_tensors
         cotangents = tuple(torch.zeros_like(o) if g is None else g for g, o in zip(grads, ctx.outputs))
+
+        def gradients(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            found = call.vjp(values[:len(inputs)], values[len(inputs):])
+            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs))
+
         with _inside():
-            return (None, *ctx.call.vjp(ctx.saved_tensors, cotangents))
+            return (None, *_derivative(call, gradients, (*inputs, *cotangents), _forward_levels()))
 
 
 def _at(where: tuple[str, int]) -> str:
