@@ -128,3 +128,76 @@ def test_running_a_special_case_cell_again_needs_replace():
         define(replace=False)  # new function objects: another override, as far as anyone can tell
     second = define(replace=True)
     assert ag.list_rules()["rerun_norm"] == (second,)
+
+
+def _sinc_group(name: str):
+    """sinc(x) = sin(x) / x with an override at 0 whose replacement reads the group's output: its
+    slope (cos x - sinc x) / x, and -x/3 + x**3/30 near 0, so f''(0) = -1/3."""
+
+    @ag.special_case(name)
+    def at_zero(ctx):
+        return (ctx.inputs[0] == 0).any()
+
+    @at_zero.backward
+    def sinc_slope(ctx, grad):
+        (x,), (y,) = ctx.inputs, ctx.outputs
+        small = x.abs() < 1e-3
+        safe = torch.where(small, 1.0, x)
+        return grad * torch.where(small, -x / 3 + x**3 / 30, (torch.cos(safe) - y) / safe)
+
+    return ag.autograd_group(name)(lambda x: torch.sin(x) / x)
+
+
+def _sinc_second(x: torch.Tensor) -> torch.Tensor:
+    return -torch.sin(x) / x - 2 * torch.cos(x) / x**2 + 2 * torch.sin(x) / x**3
+
+
+def test_a_replacement_reading_the_outputs_is_differentiated_through_the_override():
+    # The outputs the replacement reads under create_graph are differentiable through the override
+    # itself: a second derivative through them does not go back through sin(x) / x at 0 (NaN).
+    with ag.registry_scope():
+        sinc = _sinc_group("ov.sinc")
+        x = torch.tensor([0.0, 0.5, -1.2], dtype=torch.float64, requires_grad=True)
+        (g,) = torch.autograd.grad(sinc(x).sum(), x, create_graph=True)
+        (second,) = torch.autograd.grad(g.sum(), x)
+        expected = torch.cat([torch.tensor([-1 / 3], dtype=torch.float64), _sinc_second(x[1:].detach())])
+        torch.testing.assert_close(second, expected)
+        hessian = torch.func.jacrev(torch.func.jacrev(lambda a: sinc(a).sum()))(x.detach())
+        torch.testing.assert_close(hessian.diagonal(), expected)
+
+
+def test_a_two_output_replacement_reading_the_outputs_is_differentiated_through_the_override():
+    # Polar coordinates; the override at the origin reads r from the outputs. The second derivatives
+    # of x -> (r, theta) at the points off the origin equal torch's, and stay finite at the origin.
+    with ag.registry_scope():
+        @ag.special_case("ov.polar")
+        def at_origin(ctx):
+            return (ctx.outputs[0] == 0).any()
+
+        @at_origin.backward
+        def polar_gradients(ctx, grad_r, grad_theta):
+            (x, y), (r, _) = ctx.inputs, ctx.outputs
+            origin = r == 0
+            safe = torch.where(origin, 1.0, r)
+            gx = torch.where(origin, 0.0, (grad_r * x - grad_theta * y / safe) / safe)
+            gy = torch.where(origin, 0.0, (grad_r * y + grad_theta * x / safe) / safe)
+            return gx, gy
+
+        @ag.autograd_group("ov.polar")
+        def polar(x, y):
+            return torch.sqrt(x * x + y * y), torch.atan2(y, x)
+
+        def native(x, y):
+            return torch.sqrt(x * x + y * y), torch.atan2(y, x)
+
+        def weighted(fn, x, y):
+            r, theta = fn(x, y)
+            return (r * r * r).sum() + (theta * r).sum()
+
+        x = torch.tensor([0.0, 0.6, -1.5], dtype=torch.float64, requires_grad=True)
+        y = torch.tensor([0.0, 0.8, 0.4], dtype=torch.float64, requires_grad=True)
+        ours = torch.autograd.functional.hessian(lambda a, b: weighted(polar, a, b), (x, y))
+        theirs = torch.autograd.functional.hessian(lambda a, b: weighted(native, a, b), (x, y))
+        for block_ours, block_theirs in (pair for rows in zip(ours, theirs) for pair in zip(*rows)):
+            assert torch.isfinite(block_ours).all()
+            torch.testing.assert_close(block_ours[1:, 1:], block_theirs[1:, 1:])

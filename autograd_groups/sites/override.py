@@ -68,15 +68,17 @@ class _OverrideFunction(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         run: _Run = ctx.run
         saved = ctx.saved_tensors  # once: under torch.utils.checkpoint each unpack is single-use
-        inputs = saved[:len(saved) - len(ctx.outputs)]
+        inputs, outputs = saved[:len(saved) - len(ctx.outputs)], saved[len(saved) - len(ctx.outputs):]
         instance = run.instance
         rule: Override = instance.rules.override  # type: ignore[assignment]
         create_graph = torch.is_grad_enabled()
-        # Under create_graph the replacement sees the inputs and the group's own outputs, with their
-        # graph, so what it computes with torch ops can be differentiated again.
+        # Under create_graph the replacement sees the inputs and the outputs with their graphs, so
+        # that what it computes with torch ops can be differentiated again. The outputs are this
+        # Function's saved outputs, differentiable through the override itself, as a custom
+        # Function's are: the group's own subgraph is the chain the override avoids.
         view = run.context(*(
-            (tuple(inputs), tuple(ctx.outputs)) if create_graph
-            else (tuple(x.detach() for x in inputs), tuple(o.detach() for o in ctx.outputs))))
+            (tuple(inputs), tuple(outputs)) if create_graph
+            else (tuple(x.detach() for x in inputs), tuple(o.detach() for o in outputs))))
         # Inside a compiled graph the check's answer is data the graph cannot branch on: both
         # backwards are computed and ``torch.where`` picks (the check must give a bool tensor).
         traced = torch.compiler.is_compiling()

@@ -186,7 +186,14 @@ class _Call:
     def _overridden(self, rule: Override, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...],
                     cotangents: tuple[torch.Tensor, ...], automatic: tuple[Any, ...]) -> tuple[Any, ...]:
         args, kwargs = self._arguments(inputs)
-        view = self._context(args, kwargs, tuple(o.detach() for o in outputs))
+        if any(_varies(x) for x in inputs):
+            # What differentiates the replacement must see the outputs differentiable through the
+            # override, as a custom Function's saved outputs are, not through the chain it avoids.
+            again = _Transposed.apply(self, *inputs)
+            outputs = (again,) if isinstance(again, torch.Tensor) else tuple(again)
+        else:
+            outputs = tuple(o.detach() for o in outputs)
+        view = self._context(args, kwargs, outputs)
         where = f"group {self.name!r} (created at {self.where}), rule {rule.label}"
         try:
             answer = rule.check(view)
