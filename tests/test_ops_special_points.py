@@ -328,6 +328,30 @@ def test_pow_second_derivative_at_a_zero_base() -> None:
         torch.testing.assert_close(ours, native)
 
 
+@pytest.mark.parametrize("exponent", [0.0, 0.5, 1.0, 1.5, 2.0, -0.5, -1.0, -2.0])
+@pytest.mark.parametrize("tensor_exponent", [False, True], ids=["scalar", "tensor"])
+def test_pow_derivatives_at_a_zero_base_are_torch_pows_infinities_too(exponent, tensor_exponent) -> None:
+    # Where torch.pow's first or second derivative in the base is 0, finite or +-inf at x = 0,
+    # ops.pow's is the same (pow(x, 0): 0 at second order, was NaN; y < 0: torch's infinities).
+    # -0.0 only with integer exponents: torch.pow(-0.0, 0.5) takes sqrt's sign, -0.0.
+    def derivatives(op):
+        bases = [0.0, 0.7] + ([-0.0] if exponent.is_integer() else [])
+        x = torch.tensor(bases, dtype=torch.float64, requires_grad=True)
+        y = torch.full_like(x, exponent, requires_grad=True) if tensor_exponent else exponent
+        wrt = [x, y] if tensor_exponent else [x]
+        firsts = torch.autograd.grad(op(x, y).sum(), wrt, create_graph=True)
+        total = sum(f.sum() for f in firsts)
+        if not total.requires_grad:  # torch.pow(x, 0) gives zeros without a graph
+            return firsts[0], torch.zeros_like(x)
+        (second,) = torch.autograd.grad(total, x)  # with the exponent's gradient's slope in x
+        return firsts[0].detach(), second
+
+    for ours, native in zip(derivatives(ag.ops.pow), derivatives(torch.pow)):
+        shown = ~native.isnan()
+        assert shown[1], "the regular point is finite"
+        torch.testing.assert_close(ours[shown], native[shown])
+
+
 def test_pow_of_negative_zero_and_negative_bases() -> None:
     # -0.0 is in the domain: pow(-0.0, -1) = -inf, and the exponent's gradient has native's sign.
     base, power = [-0.0, -2.0, -2.0, 3.0], [-1.0, 3.0, 2.0, 0.5]

@@ -1,7 +1,8 @@
 """The built-in group library: composite ops whose gradients equal PyTorch's hand-written ones.
 
 Each op is written from primitive PyTorch ops, marked as a group named ``ops.<op>``, and its special
-cases are declared in ``builtin.yaml`` beside this file, loaded once, when this package is imported.
+cases are declared in ``builtin.yaml`` beside this file, loaded once, when this package is imported
+(``import autograd_groups`` alone does not import it).
 Signatures follow PyTorch's; docs/builtins.md lists every special point and the rule for it.
 
 >>> import torch, autograd_groups as ag

@@ -99,10 +99,13 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
     # order on: those elements take the base 1.
     flat = (x == 0) & ((y == 0) | (y == 1))
     slope = torch.where(y == 0, 0.0, y * torch.pow(torch.where(flat, 1.0, x), y - 1))
-    # log|x| is selected away at x = 0, and 1 there keeps its derivative finite for the graphs that
-    # differentiate this replacement (jacrev of jacfwd): 0 * inf would be NaN.
+    # log|x| is selected away at x = 0 where y >= 0, and 1 there keeps its derivative finite for the
+    # graphs that differentiate this replacement (jacrev of jacfwd): 0 * inf would be NaN. |x| as x
+    # times its sign has slope +-1 at +-0, as log's own 1 / x, where abs' subgradient 0 would make
+    # the derivative at a zero base with y < 0 inf * 0.
     zero = (x == 0) & (y >= 0)
-    log_x = torch.where(zero, 0.0, torch.log(torch.where(zero, 1.0, x.abs())))
+    magnitude = x * torch.copysign(torch.ones((), dtype=x.dtype, device=x.device), x)
+    log_x = torch.where(zero, 0.0, torch.log(torch.where(zero, 1.0, magnitude)))
     grads = {"input": (grad * slope).sum_to_size(x.shape),
              "exponent": (grad * result * log_x).sum_to_size(y.shape)}
     return tuple(g for name, g in grads.items() if isinstance(ctx.arguments[name], torch.Tensor))
