@@ -5,10 +5,16 @@
 True
 """
 
-import importlib
-from typing import Any
-
-from .errors import ExpressionError, GroupError, NonFiniteError, RuleError, SpecError
+from .errors import (
+    ExpressionError,
+    GroupError,
+    InertRuleWarning,
+    NonFiniteError,
+    RuleError,
+    RuleWarning,
+    SecondOrderWarning,
+    SpecError,
+)
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
 from .groups.group import autograd_group
 from .groups.instance import GroupInstance
@@ -26,13 +32,29 @@ __all__ = [
     "list_rules", "register_rule", "registry_scope", "reset_stats", "set_special_cases",
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
-    "NonFiniteError", "detect_nonfinite", "ops",
+    "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
+    "__version__",
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # ``ag.ops`` loads on first use: importing it registers the built-in library's spec, which a
     # bare ``import autograd_groups`` must not do (``autograd-groups check`` of that spec would clash).
     if name == "ops":
-        return importlib.import_module(f"{__name__}.ops")
+        from importlib import import_module
+
+        return import_module(f"{__name__}.ops")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autograd-groups")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown (not installed)"
+
+
+__version__ = _version()
+del _version

@@ -1,4 +1,5 @@
-"""The exceptions autograd-groups raises; all derive from :class:`GroupError`."""
+"""The exceptions autograd-groups raises, all derived from :class:`GroupError`, and the warnings it
+gives, all derived from :class:`RuleWarning`."""
 
 from __future__ import annotations
 
@@ -40,3 +41,17 @@ class NonFiniteError(GroupError):
         self.instance = instance
         self.op = op
         self.where = where
+
+
+class RuleWarning(UserWarning):
+    """A rule may not do what its author meant; the message names group, rule and the fix."""
+
+
+class InertRuleWarning(RuleWarning):
+    """A rule never takes effect: it is registered under a name no group uses, or its op is in no
+    node of its group's instances."""
+
+
+class SecondOrderWarning(RuleWarning):
+    """A second derivative flowed through elements where a subgradient or NaN-safe rule fired:
+    there it is the rule's own derivative (0 for a constant gradient), not the function's."""

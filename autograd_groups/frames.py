@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import torch
 
@@ -28,3 +29,12 @@ def user_line() -> str:
     """``file:line`` of :func:`user_frame`."""
     file, line = user_frame()
     return f"{file}:{line}"
+
+
+def warn(message: str, category: type[Warning]) -> None:
+    """``warnings.warn``, attributed to the line of :func:`user_frame` (its filters and "once per
+    location" act on the user's line, not on this package's)."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_OURS):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -83,6 +83,11 @@ def resolve_op(op: str) -> OpInfo:
     info = catalogue().get(op_key(op))
     if info is None:
         names = sorted(i.name for i in catalogue().values())
+        node_name = op_name_of_class(op) if _BACKWARD_SUFFIX.search(op) else None
+        if node_name in names:
+            raise RuleError(f"{op!r} is the name of an autograd node (as anomaly mode and grad_fn show "
+                            f"it), not of an op: did you mean {node_name!r}? Rules name the op, as in "
+                            f"derivatives.yaml")
         close = difflib.get_close_matches(op, names, n=5, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise RuleError(f"unknown op {op!r}: autograd has no backward node for it{hint} "

@@ -8,9 +8,9 @@ import autograd_groups as ag
 
 
 def test_inner_and_outer_rules_both_apply_and_innermost_wins():
-    ag.register_rule("inner", ag.Subgradient(op="sqrt", when="result == 0", grad=7))
-    ag.register_rule("outer", ag.Subgradient(op="sqrt", when="result == 0", grad=3))
-    ag.register_rule("outer", ag.Subgradient(op="reciprocal", when="isinf(result)", grad=5))
+    ag.register_rule("inner", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 7"))
+    ag.register_rule("outer", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 3"))
+    ag.register_rule("outer", ag.Subgradient(op="reciprocal", when="isinf(result)", grad="grad * 5"))
 
     @ag.autograd_group("inner")
     def inner(a, b):
@@ -28,7 +28,7 @@ def test_inner_and_outer_rules_both_apply_and_innermost_wins():
 
 
 def test_nested_context_managers_and_trace_parent():
-    ag.register_rule("inner", ag.Subgradient(op="sqrt", when="result == 0", grad=7))
+    ag.register_rule("inner", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 7"))
     ag.register_rule("outer", ag.NanSafe())
     x = torch.tensor([0.0, 4.0], dtype=torch.float64, requires_grad=True)
     with ag.trace() as t:
@@ -48,7 +48,7 @@ def test_nested_context_managers_and_trace_parent():
 
 
 def test_same_group_nested_in_itself():
-    ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))
+    ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 1"))
 
     @ag.autograd_group("g")
     def f(x, depth):

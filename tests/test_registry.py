@@ -65,13 +65,13 @@ def test_registering_while_another_thread_runs_backward(cdist_example):
 @pytest.mark.parametrize("spelling", ["result==0", "0 == result", "(result == 0)", "result == 0.0",
                                       "((result) == (0))"])
 def test_the_same_condition_spelled_differently_conflicts_naming_both_and_where(spelling):
-    first = ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))  # first-rule
+    first = ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad="grad*1"))  # first-rule
     with pytest.raises(ag.RuleError) as info:
-        ag.register_rule("g", ag.Subgradient(op="sqrt", when=spelling, grad=2))  # second-rule
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when=spelling, grad="grad * 2"))  # second-rule
     message = str(info.value)
     first_line, second_line = line_of(__file__, "# first-rule"), line_of(__file__, "# second-rule")
-    assert message.startswith(f"group 'g': subgradient(sqrt: {spelling} -> 2) (from {__file__}:"
-                              f"{second_line}) conflicts with subgradient(sqrt: result == 0 -> 1) "
+    assert message.startswith(f"group 'g': subgradient(sqrt: {spelling} -> grad * 2) (from {__file__}:"
+                              f"{second_line}) conflicts with subgradient(sqrt: result == 0 -> grad*1) "
                               f"(registered at {__file__}:{first_line}): same op and condition, but a "
                               f"different grad.")
     assert "pass replace=True" in message
@@ -104,7 +104,7 @@ def test_callables_are_the_same_rule_only_when_they_are_the_same_object():
 
 
 def test_replace_swaps_a_conflicting_rule_in_place():
-    ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))
+    ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 1"))
     safe = ag.register_rule("g", ag.NanSafe())
     new = ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=0), replace=True)
     assert ag.list_rules()["g"] == (new, safe)
@@ -115,8 +115,8 @@ def test_replace_swaps_a_conflicting_rule_in_place():
 
 def test_different_conditions_and_inputs_do_not_conflict():
     rules = [ag.Subgradient(op="pow", when="self == 0", grad=0, input=0),
-             ag.Subgradient(op="pow", when="self == 0", grad=1, input=1),
+             ag.Subgradient(op="pow", when="self == 0", grad="grad * 1", input=1),
              ag.Subgradient(op="pow", when="self < 0", grad=0)]
     assert [ag.register_rule("g", r) for r in rules] == rules
     with pytest.raises(ag.RuleError, match="same op and condition, but a different grad and input"):
-        ag.register_rule("g", ag.Subgradient(op="pow", when="0 == self", grad=2))
+        ag.register_rule("g", ag.Subgradient(op="pow", when="0 == self", grad="grad * 2"))

@@ -228,7 +228,7 @@ def test_loading_the_same_spec_again_is_a_no_op(tmp_path: Path) -> None:
 
 def test_replace_swaps_the_rules_of_a_loaded_group(tmp_path: Path) -> None:
     path = tmp_path / "groups.yaml"
-    path.write_text(subgradient_spec(grad=1))
+    path.write_text(subgradient_spec(grad="grad * 2"))
     ag.load_spec(path)
     path.write_text(subgradient_spec(grad=0))  # edited, then the cell runs again
     with pytest.raises(ag.SpecError, match="already registered by the spec at .* with other rules"):
@@ -241,7 +241,7 @@ def test_replace_swaps_the_rules_of_a_loaded_group(tmp_path: Path) -> None:
     assert torch.equal(x.grad, torch.zeros(2))
 
 
-def subgradient_spec(grad: int) -> str:
+def subgradient_spec(grad: int | str) -> str:
     return ("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
             f"    - subgradient: {{op: sqrt, when: result == 0, grad: {grad}}}\n")
 

@@ -7,6 +7,7 @@ test.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,10 +45,33 @@ def subgradient(when: str, op: str = "sqrt", extra: str = "") -> str:
             f"    - subgradient: {{op: {op}, when: {when}{extra}}}\n")
 
 
-def test_yaml_syntax_error() -> None:
+def test_yaml_syntax_error_is_reported_where_the_unclosed_quote_starts() -> None:
+    # PyYAML gives up at the end of the stream (3:1 here, 7:1 below); the quote opened at 2:8.
     spec = '- name: g(Tensor x) -> Tensor\n  doc: "never closed\n'
-    assert one_error(spec) == (3, 1, "YAML syntax error: while scanning a quoted scalar: "
-                                     "found unexpected end of stream")
+    assert one_error(spec) == (2, 8, "YAML syntax error: while scanning a quoted scalar: found unexpected "
+                                     "end of stream (the quote that starts here is never closed)")
+    spec = ('- name: g(Tensor x) -> Tensor\n  special_cases:\n'
+            '    - subgradient: {op: sqrt, when: "result == 0, grad: 0}\n'
+            '- name: h(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n')
+    assert one_error(spec)[:2] == (3, 37)
+
+
+def test_a_tab_is_named_as_a_tab() -> None:
+    spec = "- name: g(Tensor x) -> Tensor\n  special_cases:\n\t- nan_safe: true\n"
+    assert one_error(spec) == (3, 1, "YAML syntax error: a tab character: YAML indents with spaces only, and "
+                                     "a tab cannot start a token; replace it with spaces")
+
+
+def test_an_empty_spec_warns_in_load_spec_and_in_check(tmp_path: Path) -> None:
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    with pytest.warns(UserWarning, match=rf"the spec {re.escape(str(path))} defines no group: it is empty"):
+        handle = ag.load_spec(path)
+    assert handle.groups == ()
+    done = subprocess.run([sys.executable, "-m", "autograd_groups.cli", "check", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert f"{path}: warning: the spec defines no group (is the file empty?)" in done.stderr
 
 
 def test_yaml_aliases_are_refused_where_they_are_used() -> None:
@@ -102,8 +126,8 @@ def test_a_special_case_with_two_kinds_is_an_indentation_slip() -> None:
     ("doc", "[a, b]", "'doc' must be a string, not a list"),
     ("special_cases", "{}", "'special_cases' must be a non-empty list of rules (subgradient, nan_safe, "
                             "override), not a mapping"),
-    ("special_cases", "[]", "'special_cases' must be a non-empty list of rules (subgradient, nan_safe, "
-                            "override), not a list"),
+    ("special_cases", "[]", "'special_cases' is empty: a group needs at least one rule (subgradient, "
+                            "nan_safe, override), as in '- nan_safe: true'"),
 ])
 def test_wrong_type_of_a_group_field(field: str, value: str, message: str) -> None:
     rules = "" if field == "special_cases" else "  special_cases: [nan_safe: true]\n"
@@ -390,16 +414,18 @@ def test_a_when_that_is_not_a_condition(when: str, needle: str, message: str) ->
 
 def test_rules_that_conflict_by_meaning_within_one_group() -> None:
     spec = ("- name: g(Tensor x) -> Tensor\n  special_cases:\n"
-            "    - subgradient: {op: sqrt, when: 'result == 0', grad: 1}\n"
-            "    - subgradient: {op: sqrt, when: '(0==result)', grad: 2}\n"
-            "    - subgradient: {op: sqrt, when: 'result==0.0', grad: 1.0}\n")
+            "    - subgradient: {op: sqrt, when: 'result == 0', grad: 'grad * 1'}\n"
+            "    - subgradient: {op: sqrt, when: '(0==result)', grad: 'grad * 2'}\n"
+            "    - subgradient: {op: sqrt, when: 'result==0.0', grad: '1.0 * grad'}\n")
     assert errors(spec) == [
-        ("<string>", 4, 7, "group 'g': subgradient(sqrt: (0==result) -> 2) conflicts with subgradient(sqrt: "
-                           "result == 0 -> 1) (line 3): same op and condition, but a different grad"),
-        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) is the rule of line 3 again; "
-                           "remove one of them"),
-        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0) conflicts with subgradient("
-                           "sqrt: (0==result) -> 2) (line 4): same op and condition, but a different grad"),
+        ("<string>", 4, 7, "group 'g': subgradient(sqrt: (0==result) -> grad * 2) conflicts with "
+                           "subgradient(sqrt: result == 0 -> grad * 1) (line 3): same op and condition, but "
+                           "a different grad"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0 * grad) is the rule of line 3 "
+                           "again; remove one of them"),
+        ("<string>", 5, 7, "group 'g': subgradient(sqrt: result==0.0 -> 1.0 * grad) conflicts with "
+                           "subgradient(sqrt: (0==result) -> grad * 2) (line 4): same op and condition, "
+                           "but a different grad"),
     ]
 
 
@@ -410,7 +436,7 @@ def test_a_python_rule_that_conflicts_with_a_loaded_one_names_the_spec_line(tmp_
     with pytest.raises(ag.RuleError, match=re.escape(
             f"conflicts with subgradient(sqrt: result == 0 -> 0) (registered at {path}:3:7): same op and "
             f"condition, but a different grad")):
-        ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad=1))
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when="0 == result", grad="grad * 2"))
 
 
 def test_a_group_level_condition_is_refused_where_it_is_written() -> None:

@@ -100,6 +100,7 @@ class Expression:
     evaluate: Evaluator
     key: str
     kind: str
+    tree: ast.AST | None = None  # None for a literal number or bool
 
     def __call__(self, env: Env) -> Any:
         return self.evaluate(env)
@@ -139,7 +140,7 @@ def parse(source: str | int | float | bool) -> Expression:
     names: set[str] = set()
     evaluate = _compile(tree.body, names, 0)
     key, kind = _describe(tree.body)
-    return Expression(source, frozenset(names), evaluate, key, kind)
+    return Expression(source, frozenset(names), evaluate, key, kind, tree.body)
 
 
 #: Saved values that are bool tensors in PyTorch (``where``'s ``condition``, ``masked_fill``'s
@@ -148,12 +149,18 @@ BOOL_VALUES = frozenset({"condition", "mask"})
 
 
 def condition_problem(expression: Expression) -> str | None:
-    """What keeps ``expression`` from being an elementwise condition (a ``when``), or None.
+    """What keeps ``expression`` from being an elementwise condition (a ``when``) that can hold
+    somewhere, or None: a constant, a value that is not a condition, or a condition that no value
+    satisfies -- a comparison with ``nan`` (NaN equals and orders against nothing), one that no
+    number and no infinity satisfies (``x > inf``), or a conjunction of two different equalities of
+    one value.
 
     >>> condition_problem(parse("result > 0")) is None
     True
     >>> print(condition_problem(parse("1")).split(":")[0])
     is the constant 1
+    >>> print(condition_problem(parse("result == nan"))[:61])
+    can never hold: it compares with nan ('result == nan'): NaN e
     """
     if not expression.names:
         return (f"is the constant {expression.source}: it reads none of the op's values, so it would "
@@ -162,6 +169,99 @@ def condition_problem(expression: Expression) -> str | None:
     if expression.kind != BOOL:
         return (f"must be an elementwise condition (a comparison such as 'result == 0', combined with "
                 f"&, | and ~), not {expression.kind} ({expression.source!r})")
+    never = None if expression.tree is None else _never(expression.tree)
+    return f"can never hold: it {never}" if never else None
+
+
+def constant_problem(expression: Expression) -> str | None:
+    """Why ``expression``, as a subgradient's ``grad``, may not be the constant it is, or None: any
+    constant but 0 passes its value on whatever gradient flows in.
+
+    >>> constant_problem(parse("grad * 0.5")) is None
+    True
+    >>> print(constant_problem(parse(0.5)).split(":")[0])
+    is the constant 0.5
+    """
+    if expression.names or expression.evaluate({}) == 0:
+        return None
+    factor = expression.source if expression.tree is None or isinstance(expression.tree, ast.Constant) \
+        else f"({expression.source})"
+    return (f"is the constant {expression.source}: it would pass {expression.source} on whatever gradient "
+            f"flows in (an element whose loss weight is 0 would still get it). For a local derivative "
+            f"of {expression.source} there, write 'grad * {factor}'; for a group-level replacement of "
+            f"the gradient, use an override rule (@ag.special_case); 0 (the default) is the constant "
+            f"a rule may give")
+
+
+def _number(node: ast.AST) -> float | None:
+    """The value of a constant operand (``2``, ``-0.5``, ``inf``, ``-inf``, ``nan``), or None."""
+    negate = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+    inner = node.operand if isinstance(node, ast.UnaryOp) and negate else node
+    if isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float)) and not isinstance(
+            inner.value, bool):
+        value = float(inner.value)
+    elif isinstance(inner, ast.Name) and inner.id in CONSTANTS:
+        value = CONSTANTS[inner.id]
+    else:
+        return None
+    return -value if negate else value
+
+
+def _never(node: ast.AST) -> str | None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        reasons = [_never(n) for n in _operands(node, ast.BitOr)]
+        return reasons[0] if all(reasons) else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+        operands = _operands(node, ast.BitAnd)
+        found = next((r for r in map(_never, operands) if r), None)
+        if found:
+            return found
+        equal: dict[str, tuple[float, ast.AST]] = {}
+        for operand in operands:
+            pinned = _equality(operand)
+            if pinned is None:
+                continue
+            name, value = pinned
+            if name in equal and equal[name][0] != value:
+                both = f"'{ast.unparse(equal[name][1])}' and '{ast.unparse(operand)}'"
+                return (f"asks {both} at once: no value equals two numbers, so this is false "
+                        f"everywhere; to accept either, join them with | instead of &")
+            equal.setdefault(name, (value, operand))
+        return None
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+        return None
+    op, left, right = type(node.ops[0]), node.left, node.comparators[0]
+    written = ast.unparse(node)
+    for side, other in ((left, right), (right, left)):
+        number = _number(side)
+        if number is not None and math.isnan(number) and op is not ast.NotEq:
+            return (f"compares with nan ({written!r}): NaN equals nothing and orders against nothing, "
+                    f"so this is false everywhere; to find NaNs, write 'isnan({ast.unparse(other)})'")
+    if op in _FLIPPED:
+        op, left, right = _FLIPPED[op], right, left
+    # Now op is ==, !=, < or <=: `left op right`.
+    if op is not ast.Lt:
+        return None
+    if _number(right) == -math.inf:
+        bound, what, other = "-inf", "below -inf", left
+    elif _number(left) == math.inf:
+        bound, what, other = "inf", "above inf", right
+    else:
+        return None
+    shown = ast.unparse(other)
+    return (f"compares with {bound} ({written!r}): no number and no infinity is {what}, so this is "
+            f"false everywhere; to find infinities, write '{shown} == {bound}' or 'isinf({shown})'")
+
+
+def _equality(node: ast.AST) -> tuple[str, float] | None:
+    """``(name, value)`` where ``node`` is ``name == value`` (either way round) with a finite value."""
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq):
+        return None
+    for side, other in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
+        value = _number(other)
+        if (isinstance(side, ast.Name) and side.id not in CONSTANTS and value is not None
+                and math.isfinite(value)):
+            return side.id, value
     return None
 
 

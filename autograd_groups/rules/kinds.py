@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,7 +39,7 @@ def _compile(value: Value, what: str, op: str, condition: bool = False) -> _Comp
         parsed = expr.parse(value)
     except ExpressionError as e:
         raise ExpressionError(f"{what} of the {op} rule: {e.message}", e.col) from None
-    problem = expr.condition_problem(parsed) if condition else None
+    problem = expr.condition_problem(parsed) if condition else expr.constant_problem(parsed)
     if problem:
         raise RuleError(f"{what} of the {op} rule {problem}")
     return _Compiled(parsed.names, parsed.evaluate, parsed.key)
@@ -92,6 +92,10 @@ class Subgradient:
     grad_fn: _Compiled = field(init=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.op, str):
+            name = getattr(self.op, "__name__", None)
+            fix = f"op={name!r}" if isinstance(name, str) else "the op's name, as in derivatives.yaml"
+            raise RuleError(f"a subgradient's op is the op's name, a string, not {self.op!r}: write {fix}")
         info = nodes.resolve_op(self.op)
         when_fn = _compile(self.when, "'when'", self.op, condition=True)
         grad_fn = _compile(self.grad, "'grad'", self.op)
@@ -167,6 +171,10 @@ class OverrideContext:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+def _grad_names(count: int) -> str:
+    return "grad" if count == 1 else ", ".join(f"grad_{k}" for k in range(count))
+
+
 def _returns_tensor(fn: Callable[..., Any]) -> bool:
     try:
         return typing.get_type_hints(fn).get("return") is torch.Tensor
@@ -205,6 +213,48 @@ class Override:
     def label(self) -> str:
         """A short description used in errors, traces and statistics."""
         return f"override({_source(self.check)})"
+
+    def run_replacement(self, ctx: OverrideContext, grads: Sequence[torch.Tensor], where: str,
+                ) -> list[torch.Tensor | None]:
+        """Run the replacement backward for ``grads`` (one per output of the group) and check what
+        it gives: one gradient or None per tensor input, of that input's shape. ``where`` names the
+        group and rule in the errors.
+
+        >>> import torch
+        >>> rule = Override(check=lambda ctx: True, backward=lambda ctx, g: g * 2)
+        >>> ctx = OverrideContext("g", (torch.ones(2),), (torch.ones(2),))
+        >>> rule.run_replacement(ctx, [torch.ones(2)], "group 'g'")
+        [tensor([2., 2.])]
+        """
+        fn = self.backward_fn
+        name = _source(fn)  # type: ignore[arg-type]
+        try:
+            inspect.signature(fn).bind(ctx, *grads)  # type: ignore[arg-type]
+        except TypeError:
+            outputs = len(grads)
+            raise RuleError(
+                f"{where}: the replacement backward {name} does not take (ctx, {_grad_names(outputs)}): "
+                f"it needs one gradient parameter per group output, and the group has {outputs} "
+                f"output{'s' if outputs != 1 else ''}") from None
+        except ValueError:  # a builtin without a signature: called as it is
+            pass
+        try:
+            result = fn(ctx, *grads)  # type: ignore[misc]
+        except Exception as e:
+            raise RuleError(f"{where}: the replacement backward raised {e!r}") from e
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(results) != len(ctx.inputs):
+            raise RuleError(f"{where}: the replacement backward returned {len(results)} gradients "
+                            f"for {len(ctx.inputs)} tensor inputs")
+        for i, (g, x) in enumerate(zip(results, ctx.inputs)):
+            if g is not None and not isinstance(g, torch.Tensor):
+                raise RuleError(f"{where}: the replacement backward returned {type(g).__name__} "
+                                f"{g!r} as gradient {i}: return tensors (torch.zeros_like(ctx.inputs[{i}]) "
+                                f"for a zero gradient), or None for no gradient")
+            if g is not None and g.shape != x.shape:
+                raise RuleError(f"{where}: gradient {i} has shape {tuple(g.shape)}, but input {i} "
+                                f"has shape {tuple(x.shape)}")
+        return results
 
     def backward(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Decorator: set the replacement backward."""

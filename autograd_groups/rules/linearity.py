@@ -3,8 +3,8 @@ has a forward-mode counterpart (its transpose; see :mod:`autograd_groups.sites.t
 
 Read from the expression's syntax, so that the answer is known at registration and costs nothing
 at backward: ``0``, ``grad``, ``-grad``, ``grad * e``, ``e * grad``, ``grad / e``, sums of those, and
-``where(c, a, b)`` of those, where ``e`` and ``c`` do not read ``grad``. A non-zero constant
-(``grad: 1``) sets the gradient whatever flows in: affine, not linear.
+``where(c, a, b)`` of those, where ``e`` and ``c`` do not read ``grad``. (A non-zero constant, which
+would set the gradient whatever flows in, is refused when a rule is made.)
 """
 
 from __future__ import annotations

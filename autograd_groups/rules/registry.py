@@ -8,6 +8,7 @@ both, unless ``replace=True`` swaps them.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -15,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import nodes
-from ..errors import RuleError
-from ..frames import user_line
+from ..errors import InertRuleWarning, RuleError
+from ..frames import user_line, warn
 from .kinds import NanSafe, Override, OverrideContext, Rule, Subgradient
 
 
@@ -61,6 +62,8 @@ _sets: dict[str, RuleSet] = {}
 _origins: weakref.WeakKeyDictionary[Rule, str] = weakref.WeakKeyDictionary()
 # Group names used by autograd_group() or tag(), with or without rules.
 _declared: set[str] = set()
+# Group names already warned about rules under a close name (note_unruled).
+_told: set[str] = set()
 # Bumped by every change: torch.compile guards on it, so a compiled group sees today's rules.
 _generation = 0
 
@@ -232,8 +235,49 @@ def unregister_rule(group: str, rule: Rule) -> None:
 
 
 def declare(group: str) -> None:
-    """Note that code uses the group name ``group`` (``autograd_group``, ``tag``)."""
-    _declared.add(group)
+    """Note that code uses the group name ``group`` (``autograd_group``, ``tag``); the first time,
+    warn if the group has no rules and rules sit under a close name that no group uses."""
+    if group not in _declared:
+        _declared.add(group)
+        note_unruled(group)
+
+
+def note_unruled(group: str) -> None:
+    """Warn, once per name, when ``group`` has no rules while rules are registered under a close
+    name that no group uses: a misspelling, in the code or in the rules, leaves those rules inert.
+    Called when a group is created and when one runs without rules (rules may come in between)."""
+    if group in _told or group in _rules:
+        return
+    with _lock:
+        close = _close(group, [name for name in _rules if name not in _declared])
+        where = {name: dict.fromkeys(map(_origin, _rules[name])) for name in close}
+    if not close:
+        return
+    _told.add(group)
+    named = "; ".join(f"{name!r} (registered at {', '.join(where[name])})" for name in close)
+    warn(f"group {group!r} has no rules, but rules are registered under {named}, a name no group "
+         f"uses: they never take effect. If they are this group's, register them under {group!r} "
+         f"(or name the group {close[0]!r})", InertRuleWarning)
+
+
+def unused() -> dict[str, list[str]]:
+    """The names that have rules but that no group has used (``autograd_group``, ``tag``) in this
+    process, each with the used names close to it: rules that never took effect.
+
+    >>> import autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     _ = ag.register_rule("never_used_anywhere", ag.NanSafe())
+    ...     unused()["never_used_anywhere"]
+    []
+    """
+    with _lock:
+        names = [name for name in _rules if name not in _declared]
+        used = sorted(_declared)
+    return {name: _close(name, used) for name in names}
+
+
+def _close(name: str, candidates: list[str]) -> list[str]:
+    return difflib.get_close_matches(name, candidates, n=3, cutoff=0.8)
 
 
 def is_known(group: str) -> bool:

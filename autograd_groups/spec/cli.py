@@ -77,6 +77,9 @@ def run_check(args: argparse.Namespace) -> int:
     for file, entries in files:
         rules = sum(len(e.rules) for e in entries)
         print(f"{file}: ok ({len(entries)} group(s), {rules} rule(s))")
+        if not entries:
+            print(f"{file}: warning: the spec defines no group (is the file empty?), so it registers "
+                  f"no rule", file=sys.stderr)
     return code
 
 

@@ -87,8 +87,17 @@ class Document:
             root = None if aliases else yaml.compose(self.text, Loader=_LOADER)
             return root if root is None or self._plain(root) else None
         except yaml.MarkedYAMLError as e:
-            mark = e.problem_mark or e.context_mark
+            # A scanner error's context is the token it was reading (a quoted scalar left open):
+            # where that starts is where the problem is, not where the scanner gave up.
+            scanning = isinstance(e, yaml.scanner.ScannerError) and e.context_mark is not None
+            mark = e.context_mark if scanning else e.problem_mark or e.context_mark
             problem = ": ".join(p for p in (e.context, e.problem) if p)
+            if scanning and "quoted scalar" in (e.context or "") and "end of stream" in (e.problem or ""):
+                problem += " (the quote that starts here is never closed)"
+            if e.problem_mark is not None and self._character(e.problem_mark) == "\t":
+                mark = e.problem_mark
+                problem = ("a tab character: YAML indents with spaces only, and a tab cannot start "
+                           "a token; replace it with spaces")
             self.error(mark if mark is not None else (1, 1), f"YAML syntax error: {problem}")
         except yaml.reader.ReaderError as e:
             self.error(self._position(e.position), f"YAML syntax error: {e.reason} ({e.character!r})")
@@ -97,6 +106,11 @@ class Document:
         except RecursionError:
             self.error((1, 1), "YAML syntax error: the document is nested too deeply")
         return None
+
+    def _character(self, mark: Any) -> str:
+        """The character of the text at a YAML mark ('' past its end)."""
+        row = self.lines[mark.line] if mark.line < len(self.lines) else ""
+        return row[mark.column] if mark.column < len(row) else ""
 
     def _plain(self, root: yaml.Node) -> bool:
         """Whether every node has a standard tag; a ``!!python/...`` or ``!custom`` tag is an error."""

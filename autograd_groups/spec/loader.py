@@ -14,6 +14,7 @@ import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
+from .. import frames
 from ..errors import RuleError, SpecError
 from ..rules import registry
 from ..rules.kinds import Rule
@@ -167,6 +168,8 @@ def load_spec(source: Source, *, allow_imports: bool = True, replace: bool = Fal
     if checked.errors:
         raise SpecError(checked.errors)
     label, entries = checked.files[0]
+    if not entries:
+        frames.warn(f"the spec {label} defines no group: it is empty, so it registers no rule", UserWarning)
     wanted = [(e.name, tuple(r for r, _ in e.rules), tuple(":".join(map(str, w)) for _, w in e.rules))
               for e in entries]
     try:

@@ -109,7 +109,11 @@ class _Checker:
                           tuple(rules), (self.doc.file, *position))
 
     def _special_cases(self, node: yaml.Node, group: str) -> list[tuple[Rule, Where]]:
-        if not isinstance(node, yaml.SequenceNode) or not node.value:
+        if isinstance(node, yaml.SequenceNode) and not node.value:
+            self.doc.error(node, f"'special_cases' is empty: a group needs at least one rule "
+                                 f"({', '.join(KINDS)}), as in '- nan_safe: true'")
+            return []
+        if not isinstance(node, yaml.SequenceNode):
             self.doc.error(node, "'special_cases' must be a non-empty list of rules "
                                  f"({', '.join(KINDS)}), not {describe(node)}")
             return []
@@ -263,7 +267,7 @@ class _Checker:
         except ExpressionError as e:
             self._at_column(node, lead + e.col, f"{what}: {e.message}")
             return None
-        problem = expr.condition_problem(parsed) if condition else None
+        problem = expr.condition_problem(parsed) if condition else expr.constant_problem(parsed)
         if problem:
             self._at_column(node, lead + 1, f"{what} {problem}")
             return None
