@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
+from . import __version__
 from .spec import cli as spec_cli
 from .viz import cli as viz_cli
 
@@ -23,20 +23,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autograd-groups",
         description="Inspect autograd groups: validate spec files, list rules, draw traced graphs.")
-    parser.add_argument("--version", action="version", version=f"autograd-groups {_version()}")
+    parser.add_argument("--version", action="version", version=f"autograd-groups {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)
     viz_cli.register(commands)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        unknown = " ".join(extra)
+        if getattr(args, "script", None) is None:
+            parser.error(f"unrecognized arguments: {unknown}")
+        # viz/stats/...: the script's own options, written without the `--` that passes them on.
+        given = sys.argv[1:] if argv is None else argv
+        tail = given[given.index(args.script) + 1:] if args.script in given else []
+        theirs = [t for t in tail if t in extra or t in args.args] or [*args.args, *extra]
+        print(f"autograd-groups {args.command}: error: unrecognized arguments: {unknown}; arguments "
+              f"for the script go after `--`: autograd-groups {args.command} {args.script} -- "
+              f"{' '.join(theirs)}", file=sys.stderr)
+        return 2
     code: int = args.run(args)
     return code
-
-
-def _version() -> str:
-    try:
-        return version("autograd-groups")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -139,7 +139,8 @@ def test_backward_on_another_thread_is_checked() -> None:
     assert [type(e) for e in caught] == [ag.NonFiniteError]
 
 
-# A NaN made in the forward pass is named where it is made: no gradient rule can fix it.
+# A NaN made in the forward pass that reaches a group's output is named where it was made: no
+# gradient rule can fix it. One that a where discards is no error.
 
 @ag.autograd_group("unit")
 def unit(x: torch.Tensor) -> torch.Tensor:
@@ -156,8 +157,8 @@ def test_a_forward_nan_names_group_op_and_the_users_line() -> None:
     assert str(error).startswith(
         f"non-finite value in the forward of group 'unit' (created at {__file__}:"
         f"{line_of(__file__, '# unit-call')}): op div at {where} (return x / torch.sqrt((x * x).sum())  # "
-        f"unit-div) made 3 NaN/inf of 3 elements from inputs without NaN. No gradient rule can fix a "
-        f"forward value")
+        f"unit-div) made 3 NaN/inf of 3 elements from inputs without NaN, and it reaches the group's "
+        f"output. No gradient rule can fix a forward value")
     assert torch._C._len_torch_function_stack() == 0  # the check is gone with the group
 
 
@@ -191,7 +192,7 @@ def test_a_nan_from_infinities_is_named_and_infinities_passed_on_are_not() -> No
         with pytest.raises(ag.NonFiniteError, match="op sub at .* from inputs without NaN"), \
                 ag.autograd_group("logsumexp"):
             m = scores.amax(-1, keepdim=True)
-            scores - m  # -inf - (-inf)
+            shifted = scores - m  # -inf - (-inf): the block's output
 
 
 def test_the_forward_check_can_be_left_out_and_ops_outside_groups_are_not_checked() -> None:
@@ -211,3 +212,49 @@ def test_the_innermost_group_is_named_for_a_forward_nan() -> None:
         outer(torch.zeros(2))
     assert caught.value.group == "unit"
     assert torch._C._len_torch_function_stack() == 0
+
+
+def _softplus(x: torch.Tensor) -> torch.Tensor:
+    # The tutorial's NaN-safe softplus: exp(100) overflows, and the where discards it.
+    return torch.where(x < 20, torch.log1p(torch.exp(x)), x)
+
+
+def test_a_forward_infinity_a_where_discards_is_no_error() -> None:
+    with ag.registry_scope():
+        ag.register_rule("softplus", ag.NanSafe())
+        softplus = ag.autograd_group("softplus")(_softplus)
+        x = torch.tensor([0.0, 100.0], requires_grad=True)
+        with ag.detect_nonfinite():
+            y = softplus(x)
+            y.sum().backward()
+        assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+        torch.testing.assert_close(x.grad, torch.tensor([0.5, 1.0]))
+
+
+def test_a_forward_infinity_that_reaches_the_output_names_the_op_that_first_made_it() -> None:
+    # exp(100) is inf; the where keeps it at x = 100 (a wrong threshold), and log1p passes it on.
+    with ag.registry_scope():
+        softplus = ag.autograd_group("softplus.wrong")(
+            lambda x: torch.where(x < 200, torch.log1p(torch.exp(x)), x))  # wrong-threshold
+        x = torch.tensor([0.0, 100.0], requires_grad=True)
+        with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
+            softplus(x)
+        assert caught.value.group == "softplus.wrong" and caught.value.op == "exp"
+        assert caught.value.where == f"{__file__}:{line_of(__file__, '# wrong-threshold')}"
+        assert "made 1 NaN/inf of 2 elements from finite inputs, and it reaches the group's output" \
+            in str(caught.value)
+
+
+def test_a_nan_from_a_zero_gradient_advises_nan_safe_and_another_advises_a_subgradient() -> None:
+    # softplus without its rule: exp's backward gets 0 from the where at x = 100, 0 * inf.
+    softplus = ag.autograd_group("softplus.bare")(_softplus)
+    x = torch.tensor([0.0, 100.0], requires_grad=True)
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
+        softplus(x).sum().backward()
+    assert caught.value.op == "exp"
+    assert "The gradient it received is 0 there (0 * inf" in str(caught.value)
+    assert "ag.register_rule('softplus.bare', ag.NanSafe()) passes 0 on" in str(caught.value)
+    root = ag.autograd_group("root.bare")(lambda t: t.sqrt())
+    with ag.detect_nonfinite(), pytest.raises(ag.NonFiniteError) as caught:
+        root(torch.zeros(2, requires_grad=True)).sum().backward()
+    assert "ag.Subgradient(op='sqrt', when=..., grad=0)" in str(caught.value)

@@ -90,7 +90,7 @@ def test_conflicting_and_duplicate_registrations():
     assert ag.register_rule("g", rule) is rule
     assert ag.register_rule("g", rule) is rule
     with pytest.raises(ag.RuleError, match="same op and condition, but a different grad"):
-        ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad=1))
+        ag.register_rule("g", ag.Subgradient(op="sqrt", when="result == 0", grad="grad * 1"))
     safe = ag.register_rule("g", ag.NanSafe())
     assert ag.register_rule("g", ag.NanSafe()) is safe
     with pytest.raises(ag.RuleError, match="a group has one nan_safe rule"):
@@ -215,3 +215,88 @@ def test_a_when_that_cannot_be_a_condition_is_refused_at_registration(when, mess
                                   "where(grad == 0, result == 0, result < 0)"])
 def test_conditions_are_accepted(when):
     assert ag.Subgradient(op="sqrt", when=when, grad=0).when == when
+
+
+# -- errors that name the fix (the issue on trust, item 8) ---------------------------------------
+
+
+def test_an_op_given_as_a_function_asks_for_its_name():
+    with pytest.raises(ag.RuleError, match=re.escape("a subgradient's op is the op's name, a string, not "
+                                                     "<built-in method sqrt") + r".*: write op='sqrt'"):
+        ag.Subgradient(op=torch.sqrt, when="result == 0")  # type: ignore[arg-type]
+
+
+def test_an_op_given_as_its_node_name_says_did_you_mean():
+    with pytest.raises(ag.RuleError, match=re.escape("'SqrtBackward0' is the name of an autograd node (as "
+                                                     "anomaly mode and grad_fn show it), not of an op: did "
+                                                     "you mean 'sqrt'?")):
+        ag.Subgradient(op="SqrtBackward0", when="result == 0")
+
+
+def _override_group(name, backward, outputs=1):
+    @ag.special_case(name)
+    def fires(ctx):
+        return True
+
+    fires.backward(backward)
+    return ag.autograd_group(name)(lambda x: (x.sin(), x.cos()) if outputs == 2 else x.sin())
+
+
+def test_a_replacement_without_one_gradient_parameter_per_output_says_so():
+    with ag.registry_scope():
+        polar = _override_group("err.arity", lambda ctx, grad: torch.zeros_like(ctx.inputs[0]), outputs=2)
+        a, b = polar(torch.ones(2, requires_grad=True))
+        with pytest.raises(ag.RuleError, match=r"group 'err.arity' .* rule override\(fires\): the "
+                                               r"replacement backward <lambda> does not take \(ctx, grad_0, "
+                                               r"grad_1\): it needs one gradient parameter per group output, "
+                                               r"and the group has 2 outputs"):
+            (a + b).sum().backward()
+
+
+def test_a_replacement_that_returns_a_number_is_told_to_return_tensors():
+    with ag.registry_scope():
+        sin = _override_group("err.int", lambda ctx, grad: 0)
+        with pytest.raises(ag.RuleError, match=r"group 'err.int' .* the replacement backward returned int 0 "
+                                               r"as gradient 0: return tensors"):
+            sin(torch.ones(2, requires_grad=True)).sum().backward()
+
+
+def test_vmap_over_grad_of_an_override_with_a_bool_check_names_the_group_and_the_fix():
+    with ag.registry_scope():
+        @ag.special_case("err.vmap")
+        def has_zero(ctx):
+            return bool((ctx.outputs[0] == 0).any())
+
+        @has_zero.backward
+        def zero(ctx, grad):
+            return torch.zeros_like(ctx.inputs[0])
+
+        norm = ag.autograd_group("err.vmap")(lambda x: (x * x).sum().sqrt())
+        with pytest.raises(ag.RuleError) as caught:
+            torch.func.vmap(torch.func.grad(norm))(torch.zeros(2, 3))
+    message = str(caught.value)
+    assert "group 'err.vmap'" in message and "declare the check `-> torch.Tensor`" in message
+    assert "forward-mode" not in message and "forward mode" not in message
+
+
+@pytest.mark.slow
+def test_fullgraph_compile_of_an_override_with_a_bool_check_names_the_group_and_the_fix():
+    with ag.registry_scope():
+        @ag.special_case("err.compile")
+        def has_zero(ctx):
+            return bool((ctx.outputs[0] == 0).any())
+
+        @has_zero.backward
+        def zero(ctx, grad):
+            return torch.zeros_like(ctx.inputs[0])
+
+        norm = ag.autograd_group("err.compile")(lambda x: (x * x).sum(-1).sqrt())
+        try:
+            with pytest.raises(Exception) as caught:
+                torch.compile(lambda x: norm(x).sum(), fullgraph=True)(torch.zeros(2, 3, requires_grad=True))
+        finally:
+            torch._dynamo.reset()
+    message = str(caught.value)
+    assert "group 'err.compile' has an override whose check is not declared to return a tensor" in message
+    assert "declare the check `-> torch.Tensor` and return a bool tensor" in message
+    assert "file an issue" not in message.lower()

@@ -130,14 +130,28 @@ def test_viz_without_graphviz_says_how_to_install_it_and_writes_dot(tmp_path: Pa
     assert [s.get_name() for s in graph.get_subgraphs()] == ["cluster_c0"]
 
 
-def test_script_that_raises_exits_1_with_its_traceback_and_no_file(tmp_path: Path) -> None:
+def test_a_script_that_raises_is_drawn_up_to_there_and_exits_1_with_its_traceback(tmp_path: Path) -> None:
     source = script(tmp_path, NESTED + "\nraise ValueError('planted failure')\n", name="failing.py")
     done = run("viz", str(source), "--out", str(tmp_path / "g.dot"))
     assert done.returncode == 1
     assert "Traceback (most recent call last)" in done.stderr
     assert f'File "{source}", line' in done.stderr and "ValueError: planted failure" in done.stderr
     assert "runpy" not in done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing.py"]
+    assert (f"autograd-groups viz: {source} failed: it raised ValueError (traceback above), exit code 1; "
+            f"what it recorded up to then is drawn above") in done.stderr
+    (graph,) = pydot.graph_from_dot_file(str(tmp_path / "g.dot"))  # the three passes before the raise
+    assert "alpha ×3" in graph.to_string()
+
+
+@pytest.mark.parametrize("command", ["viz", "stats"])
+def test_a_script_that_exits_with_a_code_is_reported_up_to_there_and_passes_the_code_on(
+        tmp_path: Path, command: str) -> None:
+    source = script(tmp_path, NESTED + "\nsys.exit(4)\n")
+    done = run(command, str(source), cwd=tmp_path)
+    assert done.returncode == 4
+    assert f"{source} failed: it called sys.exit(4), exit code 4" in done.stderr
+    shown = "alpha ×3" if command == "viz" else "beta"
+    assert shown in done.stdout
 
 
 def test_missing_script_exits_2(tmp_path: Path) -> None:
@@ -180,17 +194,19 @@ LABEL = "subgradient(sqrt: result == 0 -> 0)"
 def test_stats_counts_and_lists_groups_that_never_hit_a_special_point(tmp_path: Path, columns: int) -> None:
     steps, zeros = 3, [0.0, 0.0]
     source = script(tmp_path, STATS.replace("ZEROS", repr(zeros)))
-    done = run("stats", str(source), "--", str(steps), columns=columns)
+    done = run("stats", str(source), "--", str(steps), columns=columns, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert_fits(done.stdout, columns, whole=["hit", "miss", "plain", LABEL])
-    # The groups' table (group, instances, off, backward passes, verdict), then the rules' table
-    # (group / rule, calls, changed): a row with the group's name, then one per rule.
+    # The groups' table (group and the line that created its instances, instances, off, backward
+    # passes, verdict), then the rules' table (group / rule, calls, changed): the group's name and
+    # line, then one row per rule.
+    at = f"at script.py:{STATS.splitlines().index('    (hit(x) + miss(y) + plain(y)).backward()') + 1}"
     assert table_rows(done.stdout) == [
-        ["hit", str(steps), "0", str(steps), "keep on"],
-        ["miss", str(steps), "0", str(steps), "can be off"],
-        ["plain", str(steps), "0", "-", "no rules registered"],
-        ["hit", "", ""], [LABEL, str(steps), str(steps * len(zeros))],
-        ["miss", "", ""], [LABEL, str(steps), "0"],
+        ["hit", str(steps), "0", str(steps), "keep on"], [at, "", "", "", ""],
+        ["miss", str(steps), "0", str(steps), "can be off"], [at, "", "", "", ""],
+        ["plain", str(steps), "0", "-", "no rules registered"], [at, "", "", "", ""],
+        ["hit", "", ""], [at, "", ""], [LABEL, str(steps), str(steps * len(zeros))],
+        ["miss", "", ""], [at, "", ""], [LABEL, str(steps), "0"],
     ]
     line = 'with ag.special_cases(False, groups=["miss"]):'
     assert line in done.stdout.splitlines()
@@ -274,3 +290,75 @@ def test_written_files_honour_the_umask(tmp_path: Path, umask: int,
     for name in ("cli.dot", "trace.json", "drawn.mmd"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+SITES = textwrap.dedent('''
+    import torch
+    import autograd_groups as ag
+
+    # A rule that never applies (sqrt's result is never negative): the NaN stays.
+    ag.register_rule("wrong", ag.Subgradient(op="sqrt", when="result < 0", grad=0))
+    ag.register_rule("shared", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    wrong = ag.autograd_group("wrong")(lambda v: (v * v).sum(-1).sqrt())
+    shared = ag.autograd_group("shared")(lambda v: (v * v).sum(-1).sqrt())
+
+    zero, far = torch.zeros(2, 3, requires_grad=True), torch.ones(2, 3, requires_grad=True)
+    for _ in range(2):
+        wrong(zero).sum().backward()
+        shared(zero).sum().backward()  # always at the special point
+        shared(far).sum().backward()   # never
+''')
+
+
+def test_stats_gives_nan_gradients_their_verdict_and_call_sites_their_rows(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = script(tmp_path, SITES)
+    with ag.registry_scope():
+        assert cli.main(["stats", str(source), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    line = {text.strip(): k + 1 for k, text in enumerate(SITES.splitlines())}
+    rows = {(g["name"], g["where"].rpartition(":")[2]): g for g in report["groups"]}
+    wrong = rows["wrong", str(line["wrong(zero).sum().backward()"])]
+    assert wrong["verdict"] == "non-finite gradients" and wrong["nonfinite_gradients"] == 2
+    at_zero = rows["shared", str(line["shared(zero).sum().backward()  # always at the special point"])]
+    apart = rows["shared", str(line["shared(far).sum().backward()   # never"])]
+    assert (at_zero["verdict"], apart["verdict"]) == ("keep on", "can be off")
+    assert report["can_be_off"] == []  # neither group is safe everywhere
+    with ag.registry_scope():
+        assert cli.main(["stats", str(source)]) == 0
+    out = capsys.readouterr().out
+    assert "with ag.special_cases(False, groups=" not in out.split("shared never reached")[0]
+    assert "shared never reached a special point at" in out and 'groups=["shared"]):' in out
+    assert "non-finite gradients: its input gradients came out NaN or infinite with its rules on" in \
+        " ".join(out.split())
+
+
+def test_viz_of_a_spec_file_says_it_runs_a_python_script(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "groups.yaml"
+    spec.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n")
+    for command in ("viz", "stats"):
+        assert cli.main([command, str(spec)]) == 2
+        assert (f"autograd-groups {command}: error: {spec} is a spec file; `{command}` runs a Python script"
+                in capsys.readouterr().err)
+
+
+def test_script_arguments_without_dashes_are_told_to_go_after_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = str(script(tmp_path, NESTED))
+    assert cli.main(["viz", source, "--epochs", "3", "--out", "g.svg"]) == 2
+    err = capsys.readouterr().err
+    assert ("autograd-groups viz: error: unrecognized arguments: --epochs; arguments for the script go after "
+            f"`--`: autograd-groups viz {source} -- --epochs 3") in err
+    with pytest.raises(SystemExit) as caught:  # a command without a script: argparse's own error
+        cli.main(["check", "--epochs", "x.yaml"])
+    assert caught.value.code == 2
+
+
+def test_a_near_miss_of_a_traced_group_says_did_you_mean(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    source = str(script(tmp_path, NESTED))
+    with ag.registry_scope():
+        assert cli.main(["viz", source, "--group", "alhpa"]) == 1
+    assert ("no instance of group 'alhpa' was traced; traced groups: alpha, beta; did you mean 'alpha'?"
+            in capsys.readouterr().err)

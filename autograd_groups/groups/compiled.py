@@ -52,8 +52,21 @@ def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: 
     if not needed(name):
         return plain(*args, **kwargs)
     if current_state().for_group(name) and breaks_graph(name):
+        # A graph break that says why: under fullgraph=True it is the error the user sees.
+        torch._dynamo.graph_break(msg=untraceable_check(name))
         return eager(*args, **kwargs)
     return enter(in_graph, args, kwargs)
+
+
+def untraceable_check(name: str) -> str:
+    """Why a compiled graph cannot hold group ``name``, whose override's check answers with a
+    Python bool, and how to fix it."""
+    return (f"group {name!r} has an override whose check is not declared to return a tensor: it may "
+            f"answer with bool() or .item(), which a compiled graph cannot branch on, so the group runs "
+            f"eagerly, as a graph break (an error under fullgraph=True). To compile it into the graph, "
+            f"declare the check `-> torch.Tensor` and return a bool tensor (`return (ctx.outputs[0] == 0)"
+            f".any()`, without bool()): both backwards are then computed and torch.where picks "
+            f"(docs/compile.md)")
 
 
 def refuse_export(name: str) -> None:

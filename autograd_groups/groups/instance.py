@@ -12,7 +12,7 @@ import torch
 
 from ..observe import counters
 from ..rules.registry import RuleSet
-from ..sites.tangents import transposing
+from ..sites.tangents import linear_levels, transposing
 
 
 class Session(Protocol):
@@ -53,12 +53,18 @@ class GroupInstance:
         self.session = session
         self.nested = False
         self.merged_into: GroupInstance | None = None
-        self._where = where
+        #: ``(file, line)`` of the forward code that created the instance.
+        self.site = where
         self._task = -1
         self.hooks_pushed = False
+        #: The backward pass (graph task) that last gave this traced instance non-finite input
+        #: gradients, so that a pass is counted once (observe/inputs.py).
+        self.nonfinite_task = -1
         #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
         #: decided here, at forward time, for the hooks that run on the engine's threads.
         self.transposed = transposing()
+        #: The grad levels that differentiate this instance's backward only in its cotangent.
+        self.linear_levels = linear_levels()
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()
@@ -67,7 +73,7 @@ class GroupInstance:
     def where(self) -> str:
         """``file:line`` of the forward code that created the instance (just the first part where
         the line is unknown, as in torch.compile'd code)."""
-        return f"{self._where[0]}:{self._where[1]}" if self._where[1] else self._where[0]
+        return f"{self.site[0]}:{self.site[1]}" if self.site[1] else self.site[0]
 
     def __repr__(self) -> str:
         return f"<GroupInstance {self.id} at {self.where}>"
@@ -77,7 +83,7 @@ class GroupInstance:
         task = torch._C._current_graph_task_id()
         if task != self._task:
             self._task = task
-            counters.count_backward(self.name)
+            counters.count_backward(self.name, self.site)
 
     def record_hit(self, vertex: str | None, label: str, elements: int) -> None:
         """Add a rule's changed-element count to this traced instance."""

@@ -13,6 +13,7 @@ special cases off and no trace session open, a group does nothing at all.
 
 from __future__ import annotations
 
+import difflib
 import sys
 import threading
 import warnings
@@ -20,9 +21,9 @@ from typing import Any
 
 import torch
 
-from .. import nodes
-from ..errors import GroupError
-from ..observe import anomaly, counters, subgraph, tracer
+from .. import frames, nodes
+from ..errors import GroupError, InertRuleWarning
+from ..observe import anomaly, counters, inputs, subgraph, tracer
 from ..rules import registry
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
@@ -50,7 +51,7 @@ def caller(depth: int) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-def observers(name: str, enabled: bool) -> tuple[tracer.Trace | None, bool]:
+def observers(name: str, enabled: bool, where: tuple[str, int]) -> tuple[tracer.Trace | None, bool]:
     """Count a new instance of ``name``; the trace session that records it and whether
     ``detect_nonfinite()`` watches it.
 
@@ -68,7 +69,7 @@ def observers(name: str, enabled: bool) -> tuple[tracer.Trace | None, bool]:
                 f"(or the group's caller under torch.compiler.disable); see docs/compile.md",
                 stacklevel=2)
         return None, False
-    counters.count_instance(name, enabled)
+    counters.count_instance(name, where, enabled)
     return tracer.active(), anomaly.active()
 
 
@@ -100,8 +101,10 @@ def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInst
     caller), created by the code at ``where``; None when it has nothing to do."""
     if recorded_without_rules(name, enabled):
         return None
-    session, watched = observers(name, enabled)
+    session, watched = observers(name, enabled, where)
     rules = registry.ruleset(name) if enabled else registry.EMPTY
+    if not rules and enabled and not torch.compiler.is_compiling():
+        registry.note_unruled(name)
     if not rules and session is None and not watched:
         return None
     stack = open_instances()
@@ -130,6 +133,16 @@ def pop_instance(instance: GroupInstance) -> None:
         saved.pop()
 
 
+def _check_forward(instance: GroupInstance) -> None:
+    """Raise if a non-finite forward value made in ``instance`` reached its outputs (the forward
+    check lives on the outermost watched instance)."""
+    holder: GroupInstance | None = instance
+    while holder is not None and holder.forward_check is None:
+        holder = holder.parent
+    if holder is not None:
+        holder.forward_check.check(instance)
+
+
 def tensors_of(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -143,6 +156,8 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, str]) -> None:
     """Find the instance's nodes from its output nodes ``roots``; install rules; trace."""
     pop_instance(instance)
+    if instance.watched:
+        _check_forward(instance)
     traced = instance.graph is not None
     members: list[Any] = []
     boundary: list[Any] = []
@@ -167,6 +182,8 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
                     edges.append((node, child))
     vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
     install_rules(instance, members, vertices)
+    if traced and instance.rules:
+        inputs.watch(instance, members, boundary)
     if instance.session is not None:
         instance.session.add(instance)
 
@@ -180,8 +197,10 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
+    sited = False
     for node in members:
         subgradients = rules.at(node)
+        sited = sited or bool(subgradients)
         nan_safe = rules.nan_safe
         claim = node.metadata.get(CLAIM) if read else None
         if claim is not None:
@@ -202,6 +221,37 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
+    if rules.subgradients and members and not sited:
+        _warn_absent_ops(instance, members)
+
+
+#: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.
+_WRITTEN_AS = {"sqrt": ("pow",), "rsqrt": ("pow", "div"), "reciprocal": ("div", "pow"),
+               "square": ("pow", "mul"), "exp": ("pow",), "div": ("mul", "reciprocal"),
+               "clamp_min": ("clamp", "relu", "maximum"), "clamp": ("clamp_min", "clamp_max"),
+               "relu": ("clamp_min", "clamp"), "maximum": ("clamp_min",), "norm": ("linalg_vector_norm",)}
+
+
+def _warn_absent_ops(instance: GroupInstance, members: list[Any]) -> None:
+    """Warn, once per group and rule, about a subgradient rule whose op is in no node of an instance
+    without any rule site, where an op it is likely written as is (``x ** 0.5`` makes ``pow``, not
+    ``sqrt``): the rule never fires there. An instance with no such op is a path of the group that
+    needs no rule (``ops.vector_norm`` with ``ord=1`` has no root to guard)."""
+    ops = sorted({nodes.node_op(node) for node in members})
+    for rule in instance.rules.rules:
+        if not isinstance(rule, Subgradient) or ("absent " + rule.label, instance.name) in _told:
+            continue
+        likely = [op for op in _WRITTEN_AS.get(rule.op, ()) if op in ops] or \
+            difflib.get_close_matches(rule.op, ops, n=1, cutoff=0.6)
+        if not likely:
+            continue
+        _told.add(("absent " + rule.label, instance.name))
+        frames.warn(
+            f"group {instance.name!r} (created at {instance.where}), rule {rule.label}: no node of this "
+            f"instance is a {rule.op}, so the rule never fires here; the instance's ops are "
+            f"{', '.join(ops)}, and the likely one is {likely[0]!r}: set op={likely[0]!r} in the rule "
+            f"(with a 'when' over that op's saved values), or write the code with {rule.op} itself",
+            InertRuleWarning)
 
 
 def _refuse_compiled(instance: GroupInstance, members: list[Any]) -> None:

@@ -78,7 +78,7 @@ def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> No
         for other in owners[1:]:
             merge(instance, other)
     else:
-        session, watched = observers(name, enabled)
+        session, watched = observers(name, enabled, where)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
         instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched)
@@ -97,7 +97,7 @@ def root(instance: GroupInstance) -> GroupInstance:
 def merge(into: GroupInstance, other: GroupInstance) -> None:
     """Two tagged chains of one group met at an op: from now on they are one instance."""
     other.merged_into = into
-    counters.count_instance(other.name, other.enabled, -1)
+    counters.count_instance(other.name, other.site, other.enabled, -1)
     if into.graph is not None and other.graph is not None:
         into.graph.add_nodes_from(other.graph.nodes(data=True))
         into.graph.add_edges_from(other.graph.edges)

@@ -8,9 +8,12 @@ raises :class:`~autograd_groups.errors.NonFiniteError` naming the node's innermo
 the op and the forward line that created the instance. The hook never changes a gradient.
 
 The forward is checked too: while a group instance made by ``autograd_group`` (decorator or
-``with``) is open, a :class:`ForwardCheck` mode sees every torch call and raises where an op makes a
-NaN from inputs without one, or an infinity from finite inputs. No gradient rule can fix such a
-value, so it is reported where it is made, with the user's line.
+``with``) is open, a :class:`ForwardCheck` mode sees every torch call and notes where an op makes a
+NaN from inputs without one, or an infinity from finite inputs, and which later values carry it on.
+A value that a ``where``, a mask or a select then discards does no harm; one that reaches an output
+of the group (a value made in it and used by no later op in it) is an error when the instance
+closes, naming the op that first made it, with the user's line: no gradient rule can fix a forward
+value.
 
 The switch is process-wide (like trace sessions), because the backward runs on autograd's own
 threads, and it is read in the forward: instances created while it is on are checked whenever
@@ -29,6 +32,7 @@ from typing import Any
 import torch
 from torch._C._functorch import peek_interpreter_stack
 from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import nodes
 from ..errors import NonFiniteError
@@ -103,13 +107,28 @@ class NonFiniteCheck:
         count = int((~torch.isfinite(grad)).sum())
         inst = self.instance
         named = f"instance {inst.id}, " if inst.id != inst.name else ""
+        if _zero_where_bad(grad, grad_outputs):
+            fix = (f"The gradient it received is 0 there (0 * inf: a branch a where does not take, a "
+                   f"masked element): ag.register_rule({inst.name!r}, ag.NanSafe()) passes 0 on")
+        else:
+            fix = (f"Give the group a rule for that point, e.g. ag.register_rule({inst.name!r}, "
+                   f"ag.Subgradient(op={self.op!r}, when=..., grad=0)), or ag.register_rule("
+                   f"{inst.name!r}, ag.NanSafe()) where the gradient it receives there is 0")
         raise NonFiniteError(
             f"non-finite gradient in group {inst.name!r} ({named}created at {inst.where}): op "
             f"{self.op} ({self.node_class}) received a finite gradient and produced {count} NaN/inf "
-            f"of {grad.numel()} elements in the gradient of its input {bad}. Give the group a rule "
-            f"for that point, e.g. ag.register_rule({inst.name!r}, ag.Subgradient(op={self.op!r}, "
-            f"when=..., grad=0)), or ag.register_rule({inst.name!r}, ag.NanSafe())",
+            f"of {grad.numel()} elements in the gradient of its input {bad}. {fix}",
             inst.name, inst.id, self.op, inst.where)
+
+
+def _zero_where_bad(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
+    """Whether every incoming gradient is 0 at the elements where ``grad`` is not finite (for an
+    op whose incoming gradient has ``grad``'s shape, as an elementwise op's)."""
+    incoming = [g for g in grad_outputs if g is not None]
+    if not incoming or any(g.shape != grad.shape for g in incoming):
+        return False
+    bad = ~torch.isfinite(grad)
+    return all(bool((g[bad] == 0).all()) for g in incoming)
 
 
 def _nonfinite(values: Iterable[Any]) -> tuple[bool, bool]:
@@ -134,9 +153,38 @@ def _skipped(name: str) -> bool:
     return name in ("__get__", "__set__") or "empty" in name
 
 
+class _Origin:
+    """Where a non-finite forward value was first made: the op, the user's line, the counts."""
+
+    __slots__ = ("instance", "op", "where", "source", "count", "total", "inputs")
+
+    def __init__(self, instance: GroupInstance, op: str, count: int, total: int, inputs: str) -> None:
+        file, line = user_frame()
+        self.instance = instance
+        self.op = op
+        self.where = f"{file}:{line}"
+        self.source = linecache.getline(file, line).strip()
+        self.count = count
+        self.total = total
+        self.inputs = inputs
+
+    def error(self) -> NonFiniteError:
+        inst = self.instance
+        named = f"instance {inst.id}, " if inst.id != inst.name else ""
+        shown = f" ({self.source})" if self.source else ""
+        return NonFiniteError(
+            f"non-finite value in the forward of group {inst.name!r} ({named}created at {inst.where}): "
+            f"op {self.op} at {self.where}{shown} made {self.count} NaN/inf of {self.total} elements from "
+            f"{self.inputs}, and it reaches the group's output. No gradient rule can fix a forward "
+            f"value: rewrite the group so that the op only sees inputs where it is finite, with "
+            f"torch.where or clamp (see docs/tutorial.md, 'A NaN in the forward pass')",
+            inst.name, inst.id, self.op, self.where)
+
+
 class ForwardCheck(TorchFunctionMode):
-    """Raise where a torch call inside the innermost open group instance of ``stack`` makes a NaN
-    from inputs without a NaN, or an infinity from finite inputs.
+    """Note where a torch call inside the innermost open group instance of ``stack`` makes a NaN
+    from inputs without a NaN, or an infinity from finite inputs, and which values made later in the
+    group carry such a value on; :meth:`check` raises for those that reach the instance's outputs.
 
     One mode per thread, pushed by the outermost watched instance, so a nested group's op is checked
     once and named after the innermost group. In-place ops are judged on their inputs as they were
@@ -145,6 +193,9 @@ class ForwardCheck(TorchFunctionMode):
     def __init__(self, stack: list[GroupInstance]) -> None:
         super().__init__()
         self.stack = stack
+        # Each non-finite value made in a group: (where it first came from, whether a later op
+        # of the group read it). Weak: a value nobody holds any more reached nothing.
+        self.marks: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -153,35 +204,53 @@ class ForwardCheck(TorchFunctionMode):
                    and peek_interpreter_stack() is None)
         inplace = checked and (name.endswith("_") and not name.endswith("__") or name.startswith("__i"))
         before = _nonfinite((args, kwargs)) if inplace else None
+        read = self._read((args, kwargs)) if checked else None
         out = func(*args, **kwargs)
         if checked:
-            self._check(name, args, kwargs, out, before)
+            self._note(name, args, kwargs, out, before, read)
         return out
 
-    def _check(self, name: str, args: Any, kwargs: Any, out: Any, before: tuple[bool, bool] | None) -> None:
+    def _read(self, values: Any) -> _Origin | None:
+        """Mark the non-finite values among ``values`` as read; the first one's origin."""
+        found = None
+        stack = [values]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, (list, tuple, dict)):
+                stack.extend(value.values() if isinstance(value, dict) else value)
+            elif isinstance(value, torch.Tensor) and value in self.marks:
+                origin, _ = self.marks[value]
+                self.marks[value] = (origin, True)
+                found = found or origin
+        return found
+
+    def _note(self, name: str, args: Any, kwargs: Any, out: Any, before: tuple[bool, bool] | None,
+              read: _Origin | None) -> None:
         made = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex())]
-        if not made or all(bool(torch.isfinite(t).all()) for t in made):
+        bad = [t for t in made if not bool(torch.isfinite(t).all())]
+        if not bad:
             return
-        nan, inf = _nonfinite(made)
-        had_nan, had_inf = before if before is not None else _nonfinite((args, kwargs))
-        if not (nan and not had_nan) and not (inf and not had_nan and not had_inf):
-            return
-        inst = self.stack[-1]
-        op = name[2:-2] if name.startswith("__") and name.endswith("__") else name
-        file, line = user_frame()
-        source = linecache.getline(file, line).strip()
-        shown = f" ({source})" if source else ""
-        count = sum(int((~torch.isfinite(t)).sum()) for t in made)
-        named = f"instance {inst.id}, " if inst.id != inst.name else ""
-        inputs = "inputs without NaN" if nan and not had_nan else "finite inputs"
-        raise NonFiniteError(
-            f"non-finite value in the forward of group {inst.name!r} ({named}created at {inst.where}): "
-            f"op {op} at {file}:{line}{shown} made {count} NaN/inf of {sum(t.numel() for t in made)} "
-            f"elements from {inputs}. No gradient rule can fix a forward value: rewrite the group so "
-            f"that the op only sees inputs where it is finite, with torch.where or clamp (see "
-            f"docs/tutorial.md, 'A NaN in the forward pass')",
-            inst.name, inst.id, op, f"{file}:{line}")
+        origin = read
+        if origin is None:
+            nan, inf = _nonfinite(bad)
+            had_nan, had_inf = before if before is not None else _nonfinite((args, kwargs))
+            if not (nan and not had_nan) and not (inf and not had_nan and not had_inf):
+                return  # passed on from outside the group: not made here
+            op = name[2:-2] if name.startswith("__") and name.endswith("__") else name
+            count = sum(int((~torch.isfinite(t)).sum()) for t in bad)
+            inputs = "inputs without NaN" if nan and not had_nan else "finite inputs"
+            origin = _Origin(self.stack[-1], op, count, sum(t.numel() for t in made), inputs)
+        for t in bad:
+            self.marks[t] = (origin, False)
+
+    def check(self, instance: GroupInstance) -> None:
+        """Raise for a non-finite value made in ``instance`` that no later op of it read: one of its
+        outputs (the first such value's origin is named)."""
+        reached = [origin for origin, read in list(self.marks.values())
+                   if not read and origin.instance is instance]
+        if reached:
+            raise reached[0].error()
 
 
 def watch(instance: GroupInstance, members: Iterable[Any]) -> None:

@@ -12,6 +12,9 @@ from typing import Any
 
 from ..rules import registry
 
+#: Where an instance was created: ``(file, line)``, as :attr:`GroupInstance.site`.
+Site = tuple[str, int]
+
 
 @dataclass
 class _RuleCounter:
@@ -22,31 +25,32 @@ class _RuleCounter:
 
 
 @dataclass
-class _GroupCounter:
+class _SiteCounter:
     instances: int = 0
     instances_off: int = 0
     backward_passes: int = 0
+    nonfinite: int = 0
     rules: dict[str, _RuleCounter] = field(default_factory=dict)
 
 
 _lock = threading.Lock()
-_groups: dict[str, _GroupCounter] = {}
+_sites: dict[str, dict[Site, _SiteCounter]] = {}
 # Groups that ran inside compiled code. A plain set, no lock: adding to it is atomic, and it is
 # also done from a hook that compiled autograd traces with Dynamo, which cannot enter a lock.
 _compiled: set[str] = set()
 
 
-def _group(name: str) -> _GroupCounter:
-    found = _groups.get(name)
+def _site(name: str, site: Site) -> _SiteCounter:
+    found = _sites.get(name, {}).get(site)
     if found is None:
-        found = _groups.setdefault(name, _GroupCounter())
+        found = _sites.setdefault(name, {}).setdefault(site, _SiteCounter())
     return found
 
 
-def count_instance(name: str, enabled: bool, delta: int = 1) -> None:
-    """``delta`` more instances of ``name`` (with special cases ``enabled`` or not)."""
+def count_instance(name: str, site: Site, enabled: bool, delta: int = 1) -> None:
+    """``delta`` more instances of ``name`` created at ``site`` (with special cases ``enabled`` or not)."""
     with _lock:
-        counter = _group(name)
+        counter = _site(name, site)
         counter.instances += delta
         counter.instances_off += 0 if enabled else delta
 
@@ -62,57 +66,83 @@ def compiled_groups() -> list[str]:
     return sorted(_compiled)
 
 
-def count_backward(name: str) -> None:
-    """One more backward pass reached an instance of ``name``."""
+def count_backward(name: str, site: Site) -> None:
+    """One more backward pass reached an instance of ``name`` created at ``site``."""
     with _lock:
-        _group(name).backward_passes += 1
+        _site(name, site).backward_passes += 1
 
 
-def count_rule(name: str, label: str, kind: str, elements: int = 0, fired: bool = False) -> None:
+def count_nonfinite(name: str, site: Site) -> None:
+    """A backward pass gave an instance of ``name`` created at ``site`` non-finite input gradients
+    (counted while traced)."""
+    with _lock:
+        _site(name, site).nonfinite += 1
+
+
+def count_rule(name: str, site: Site, label: str, kind: str, elements: int = 0, fired: bool = False) -> None:
     """A rule ran once, changed ``elements`` elements (when counted) and ``fired`` (override)."""
     with _lock:
-        rule = _group(name).rules.get(label)
+        rules = _site(name, site).rules
+        rule = rules.get(label)
         if rule is None:
-            rule = _group(name).rules[label] = _RuleCounter(kind)
+            rule = rules[label] = _RuleCounter(kind)
         rule.calls += 1
         rule.firings += fired
         rule.elements += elements
 
 
+def _where(site: Site) -> str:
+    return f"{site[0]}:{site[1]}" if site[1] else site[0]
+
+
+def _counts(counter: _SiteCounter) -> dict[str, Any]:
+    return {"instances": counter.instances, "instances_off": counter.instances_off,
+            "backward_passes": counter.backward_passes, "nonfinite_gradients": counter.nonfinite,
+            "rules": {label: {"kind": r.kind, "calls": r.calls, "firings": r.firings, "elements": r.elements}
+                      for label, r in counter.rules.items()}}
+
+
+def _total(counters: list[_SiteCounter]) -> _SiteCounter:
+    total = _SiteCounter()
+    for counter in counters:
+        total.instances += counter.instances
+        total.instances_off += counter.instances_off
+        total.backward_passes += counter.backward_passes
+        total.nonfinite += counter.nonfinite
+        for label, rule in counter.rules.items():
+            into = total.rules.setdefault(label, _RuleCounter(rule.kind))
+            into.calls += rule.calls
+            into.firings += rule.firings
+            into.elements += rule.elements
+    return total
+
+
 def stats() -> dict[str, dict[str, Any]]:
-    """Per group: instances, instances created with special cases off, backward passes, whether it
-    ran inside torch.compile'd code (``compiled``: its instances, passes and rule calls there are not
-    counted), whether any rule is ``registered`` under its name now (False for a group with no rules
-    registered, such as a misspelled name), and per rule its kind, calls, firings (override) and
-    elements changed (subgradient, nan_safe; counted while traced).
+    """Per group: instances, instances created with special cases off, backward passes, backward
+    passes whose input gradients came out non-finite (``nonfinite_gradients``, counted while
+    traced), whether it ran inside torch.compile'd code (``compiled``: its instances, passes and
+    rule calls there are not counted), whether any rule is ``registered`` under its name now (False
+    for a group with no rules registered, such as a misspelled name), per rule its kind, calls,
+    firings (override) and elements changed (subgradient, nan_safe; counted while traced), and
+    ``sites``: the same counts per line of code (``file:line``) that created its instances.
 
     >>> import autograd_groups as ag
     >>> ag.reset_stats(); ag.stats()
     {}
     """
     with _lock:
-        names = [*_groups, *sorted(_compiled - set(_groups))]
-        snapshot = {name: (g.instances, g.instances_off, g.backward_passes, name in _compiled,
-                           {label: (r.kind, r.calls, r.firings, r.elements)
-                            for label, r in g.rules.items()})
-                    for name, g in ((n, _groups.get(n, _GroupCounter())) for n in names)}
+        names = [*_sites, *sorted(_compiled - set(_sites))]
+        snapshot = {name: {site: _counts(c) for site, c in _sites.get(name, {}).items()} for name in names}
+        totals = {name: _counts(_total(list(_sites.get(name, {}).values()))) for name in names}
     return {
-        name: {
-            "instances": instances,
-            "instances_off": off,
-            "backward_passes": passes,
-            "compiled": compiled,
-            "registered": registry.has_rules(name),
-            "rules": {label: {"kind": kind, "calls": calls, "firings": firings,
-                              "elements": elements}
-                      for label, (kind, calls, firings, elements) in rules.items()},
-        }
-        for name, (instances, off, passes, compiled, rules) in snapshot.items()
+        name: {**totals[name], "compiled": name in _compiled, "registered": registry.has_rules(name),
+               "sites": {_where(site): counts for site, counts in snapshot[name].items()}}
+        for name in names
     }
 
 
 def reset_stats() -> None:
     """Forget all counts."""
     with _lock:
-        _groups.clear()
+        _sites.clear()
         _compiled.clear()

@@ -16,7 +16,8 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
-from ..errors import RuleError
+from ..errors import RuleError, SecondOrderWarning
+from ..frames import warn
 from ..groups.instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
@@ -255,6 +256,32 @@ def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
         return {}
 
 
+_warned: set[tuple[str, str]] = set()  # (group, rule label) told of a second derivative through it
+
+
+def _warn_second_order(site: SiteHook, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
+    """Warn, once per group and rule, that a second derivative flows through elements where
+    ``rule`` fired: there it is the rule's own derivative, which no one has checked."""
+    key = (site.instance.name, rule.label)
+    if key in _warned:
+        return
+    elements = sum(int(levels.anywhere(m).sum()) for m in masks)
+    if not elements:
+        return
+    _warned.add(key)
+    own = ("0, since NaN-safe passes exactly 0 there" if isinstance(rule, NanSafe)
+           else "0, since its grad is a constant" if rule.constant is not None
+           else "the derivative of its grad expression")
+    warn(
+        f"group {site.instance.name!r} (created at {site.instance.where}), rule {rule.label}, at op "
+        f"{site.op}: a second derivative flows through {elements} element(s) where the rule fired, "
+        f"and there it is the rule's own derivative ({own}), not the function's. Where the function "
+        f"is smooth at those points (cos(|v|) at v = 0), that is wrong: give the group an override "
+        f"whose replacement backward is differentiable with the right derivative there (docs/groups.md, "
+        f"'Second order through a rule'), and check the rule with ag.verify(fn, *args, order=2)",
+        SecondOrderWarning)
+
+
 class SiteHook:
     """The post-hook at one rule site: the rules of one instance that apply to one node.
 
@@ -293,20 +320,27 @@ class SiteHook:
         # Compiled autograd traces the hook with Dynamo, without the node (see capture).
         node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
+        # Read before the rules replace them: whether a graph will differentiate what they give.
+        second = counted and any(g is not None and levels.differentiated(g, instance.linear_levels)
+                                 for g in grad_inputs)
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs)
             if counted:
                 self._count(rule, [mask])
+            if second:
+                _warn_second_order(self, rule, [mask])
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs)
             if counted:
                 self._count(self.nan_safe, masks)
+            if second and self.nan_safe is not _FORMULA:
+                _warn_second_order(self, self.nan_safe, masks)
         return tuple(grads)
 
     def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
         if self.instance.graph is None:
-            counters.count_rule(self.instance.name, rule.label, rule.kind)
+            counters.count_rule(self.instance.name, self.instance.site, rule.label, rule.kind)
             return
         elements = sum(int(m.sum()) for m in masks)
-        counters.count_rule(self.instance.name, rule.label, rule.kind, elements)
+        counters.count_rule(self.instance.name, self.instance.site, rule.label, rule.kind, elements)
         self.instance.record_hit(self.vertex, rule.label, elements)

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._functorch import TransformType, get_unwrapped, maybe_get_level, peek_interpreter_stack
+from torch._C._functorch import (
+    TransformType,
+    get_unwrapped,
+    is_batchedtensor,
+    is_functorch_wrapped_tensor,
+    maybe_get_bdim,
+    maybe_get_level,
+    peek_interpreter_stack,
+)
 from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 PLAIN = -1
@@ -47,6 +55,37 @@ def differentiating_levels() -> list[int]:
     if peek_interpreter_stack() is None:
         return [PLAIN]
     return [PLAIN, *_grad_levels(retrieve_all_functorch_interpreters())]
+
+
+def differentiated(value: torch.Tensor, besides: frozenset[int] = frozenset()) -> bool:
+    """Whether a graph that will differentiate the backward running now records ``value``, at a
+    level but those ``besides``.
+
+    >>> import torch
+    >>> differentiated(torch.ones(2))
+    False
+    """
+    return any((tracked := at_level(value, level)) is not None and tracked.grad_fn is not None
+               for level in differentiating_levels() if level not in besides)
+
+
+def anywhere(mask: torch.Tensor) -> torch.Tensor:
+    """A bool ``mask`` as a plain tensor that Python may read: true where it is true for some entry
+    of any vmap batch around it.
+
+    >>> import torch
+    >>> seen = []
+    >>> rows = torch.tensor([[True, False, False], [False, False, True]])
+    >>> _ = torch.func.vmap(lambda row: seen.append(anywhere(row).tolist()) or row)(rows)
+    >>> seen
+    [[True, False, True]]
+    """
+    while is_functorch_wrapped_tensor(mask):
+        if is_batchedtensor(mask):
+            mask = get_unwrapped(mask).any(maybe_get_bdim(mask))
+        else:
+            mask = get_unwrapped(mask)
+    return mask
 
 
 def at_level(value: Any, level: int) -> torch.Tensor | None:

@@ -97,7 +97,7 @@ class _OverrideFunction(torch.autograd.Function):
             return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
         if not traced:
             instance.note_backward()
-            counters.count_rule(instance.name, rule.label, rule.kind, fired=fired)
+            counters.count_rule(instance.name, instance.site, rule.label, rule.kind, fired=fired)
             if instance.graph is not None:
                 instance.record_hit(None, rule.label, int(fired))
         if fired:
@@ -129,20 +129,7 @@ def _where(fired: torch.Tensor, chosen: torch.Tensor | None,
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
                  grads: tuple[torch.Tensor, ...]) -> list[torch.Tensor | None]:
     where = f"group {instance.name!r} (created at {instance.where}), rule {rule.label}"
-    try:
-        result = rule.backward_fn(view, *grads)  # type: ignore[misc]
-    except Exception as e:
-        raise RuleError(f"{where}: the replacement backward raised {e!r}") from e
-    results = list(result) if isinstance(result, (tuple, list)) else [result]
-    if len(results) != len(view.inputs):
-        raise RuleError(f"{where}: the replacement backward returned {len(results)} gradients "
-                        f"for {len(view.inputs)} tensor inputs")
-    for i, (g, x) in enumerate(zip(results, view.inputs)):
-        if g is not None and (not isinstance(g, torch.Tensor) or g.shape != x.shape):
-            got = tuple(g.shape) if isinstance(g, torch.Tensor) else type(g).__name__
-            raise RuleError(f"{where}: gradient {i} has shape {got}, but input {i} has shape "
-                            f"{tuple(x.shape)}")
-    return results
+    return rule.run_replacement(view, grads, where)
 
 
 def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

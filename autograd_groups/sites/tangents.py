@@ -58,6 +58,9 @@ from ..rules.kinds import Override, OverrideContext
 class _Local(threading.local):
     inside = 0  # how many _Transposed ops this thread is running (their function, vjp or jvp)
     depth = 0  # how many of those are transposing (in their jvp), where rules must be linear
+    #: The torch.func grad levels that differentiate a vjp in its cotangent alone, to transpose it:
+    #: a derivative that is linear, not a second derivative.
+    linear: frozenset[int] = frozenset()
 
 
 _local = _Local()
@@ -112,6 +115,22 @@ def running() -> bool:
     return _local.inside > 0
 
 
+def linear_levels() -> frozenset[int]:
+    """The grad levels open on this thread that differentiate a vjp only in its cotangent (the
+    transposition of :class:`_Transposed`'s jvp): derivatives through them are not second order."""
+    return _local.linear
+
+
+@contextmanager
+def _linear(level: int) -> Iterator[None]:
+    outer = _local.linear
+    _local.linear = outer | {level}
+    try:
+        yield
+    finally:
+        _local.linear = outer
+
+
 def transposing() -> bool:
     """Whether this thread is computing a group's tangents from its reverse mode: groups opened now
     run as in reverse mode, and their rules must be linear in ``grad``."""
@@ -143,6 +162,7 @@ class _Call:
                  flat: list[Any], spec: Any, positions: list[int], override: Override | None,
                  context: Context) -> None:
         self.name = name
+        self.site = where
         self.where = _at(where)
         self._plain = plain
         self._ruled = ruled
@@ -199,19 +219,16 @@ class _Call:
             answer = rule.check(view)
         except Exception as e:
             raise RuleError(f"{where}: the check raised {e!r}. Under vmap over the group's inputs "
-                            f"the values it reads are batched, and in forward-mode AD it must then "
-                            f"return its answer as a bool tensor, without bool() or .item() (see "
-                            f"docs/groups.md, 'Forward mode')") from e
+                            f"(vmap(grad(f)), jacrev of a batched call) the values it reads are "
+                            f"batched, so it must return its answer as a bool tensor, without bool() "
+                            f"or .item(): declare the check `-> torch.Tensor` and return, for "
+                            f"example, (ctx.outputs[0] == 0).any() (docs/groups.md, 'Override')") from e
         fired = _decided(answer)
         if isinstance(fired, bool):  # a batched answer is not one firing to count
-            counters.count_rule(self.name, rule.label, rule.kind, fired=fired)
+            counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)
         if fired is False:
             return automatic
-        try:
-            replaced = rule.backward_fn(view, *cotangents)  # type: ignore[misc]
-        except Exception as e:
-            raise RuleError(f"{where}: the replacement backward raised {e!r}") from e
-        replaced = list(replaced) if isinstance(replaced, (tuple, list)) else [replaced]
+        replaced = rule.run_replacement(view, cotangents, where)
         by_input = {id(x): g for x, g in zip(view.inputs, replaced)}
         if fired is True:
             return tuple(by_input.get(id(x)) for x in inputs)
@@ -319,9 +336,10 @@ class _Transposed(torch.autograd.Function):
 
             def pairing(*cotangents: torch.Tensor) -> torch.Tensor:
                 total = cotangents[0].new_zeros(())
-                for grad, t in zip(call.vjp(inputs, cotangents), directions):
-                    if grad is not None and t is not None:
-                        total = total + (grad * t).sum()
+                with _linear(maybe_get_level(cotangents[0])):
+                    for grad, t in zip(call.vjp(inputs, cotangents), directions):
+                        if grad is not None and t is not None:
+                            total = total + (grad * t).sum()
                 return total
 
             out = torch.func.grad(pairing, argnums=tuple(range(count)))(*units)

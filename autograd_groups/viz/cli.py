@@ -1,10 +1,10 @@
 """``autograd-groups viz`` and ``autograd-groups stats``: run a script under a trace session, then
 draw what it traced or report its rule hits.
 
-Exit codes: 0 done; 1 the script failed (its traceback is shown, no file is written) or the
-drawing could not be made (e.g. neither pygraphviz nor Graphviz's ``dot`` for a picture: the
-``.dot`` is written instead);
-2 usage errors, a missing script included. A script that calls ``sys.exit(n)`` exits with ``n``.
+Exit codes: 0 done; the script's own exit code when it fails (1 for an exception, ``n`` for
+``sys.exit(n)``): what it recorded up to then is still drawn or reported, and the command says how
+the script ended; 1 the drawing could not be made (e.g. neither pygraphviz nor Graphviz's ``dot``
+for a picture: the ``.dot`` is written instead); 2 usage errors, a missing script included.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from rich.console import Console
 
 from ..errors import GroupError
 from .export import DEFAULT_MAX_NODES
+from .script import Exit, run_script
 
 VIZ_USAGE = "autograd-groups viz SCRIPT.py [--out FILE] [--group NAME] [--max-nodes N] [-- ARGS]"
 STATS_USAGE = "autograd-groups stats SCRIPT.py [--json] [-- ARGS]"
@@ -74,10 +75,20 @@ def register(subparsers: Any) -> None:
 
 
 def _check_script(command: str, path: str) -> bool:
-    if os.path.isfile(path):
-        return True
-    print(f"autograd-groups {command}: error: no such script: {path}", file=sys.stderr)
-    return False
+    if not os.path.isfile(path):
+        _say(f"autograd-groups {command}: error: no such script: {path}")
+        return False
+    if path.endswith((".yaml", ".yml")):
+        _say(f"autograd-groups {command}: error: {path} is a spec file; `{command}` runs a Python "
+             f"script (the one that trains or evaluates your model, which loads the spec). To "
+             f"validate the spec itself, run `autograd-groups check {path}`")
+        return False
+    return True
+
+
+def _ended(command: str, script: str, code: Exit) -> None:
+    _say(f"autograd-groups {command}: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
+         f"what it recorded up to then is {'drawn' if command == 'viz' else 'reported'} above")
 
 
 def _say(message: str) -> None:
@@ -88,7 +99,7 @@ def run_viz(args: argparse.Namespace) -> int:
     """The ``viz`` command; returns its exit code."""
     import autograd_groups as ag
 
-    from . import export, render, tree
+    from . import export, render
 
     if args.max_nodes < 1:
         _say("autograd-groups viz: error: --max-nodes must be at least 1")
@@ -108,13 +119,22 @@ def run_viz(args: argparse.Namespace) -> int:
         return 2
     with ag.trace() as session:
         code = _run(args.script, args.args)
+    drawn = _draw(args, out, session.instances)
     if code:
+        _ended("viz", args.script, code)
         return code
+    return drawn
+
+
+def _draw(args: argparse.Namespace, out: str | None, instances: list[Any]) -> int:
+    """Print the tree of ``instances``, or write ``out``; the exit code of that part."""
+    from . import export, render, tree
+
     try:
         if out is None:
-            Console().print(tree.to_tree(export.draw(session.instances, args.group, args.max_nodes)))
+            Console().print(tree.to_tree(export.draw(instances, args.group, args.max_nodes)))
             return 0
-        folded = export.write(session.instances, out, args.group, args.max_nodes)
+        folded = export.write(instances, out, args.group, args.max_nodes)
     except GroupError as e:
         _say(f"autograd-groups viz: error: {e}")
         return 1
@@ -132,7 +152,6 @@ def run_stats(args: argparse.Namespace) -> int:
     """The ``stats`` command; returns its exit code."""
     import autograd_groups as ag
 
-    from . import stats
 
     if not _check_script("stats", args.script):
         return 2
@@ -141,32 +160,45 @@ def run_stats(args: argparse.Namespace) -> int:
     # --json, stdout holds the JSON alone: what the script prints goes to stderr.
     with ag.trace(), contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)
+    _report(args.json)
     if code:
-        return code
-    found = stats.reports(ag.stats(), ag.list_rules())
-    if args.json:
-        print(json.dumps(stats.to_json(found), indent=2))
-        return 0
+        _ended("stats", args.script, code)
+    return code
+
+
+def _report(as_json: bool) -> None:
+    """Print the ``stats`` report of what ran."""
+    import autograd_groups as ag
+    from autograd_groups.rules import registry
+
+    from . import stats
+
+    registered = ag.list_rules()
+    found, unused = stats.reports(ag.stats(), registered), registry.unused()
+    if as_json:
+        print(json.dumps(stats.to_json(found, unused), indent=2))
+        return
     console = Console()
     if not found:
         console.print("no group instance was created")
-        return 0
-    console.print(stats.group_table(found))
-    rules = stats.rule_table(found)
-    if rules is not None:
-        console.print(rules)
-    for meaning in stats.legend(found):
-        console.print(meaning, markup=False, highlight=False)
-    line = stats.off_line(found)
-    if line is not None:
+    else:
+        console.print(stats.group_table(found))
+        rules = stats.rule_table(found)
+        if rules is not None:
+            console.print(rules)
+        for meaning in stats.legend(found):
+            console.print(meaning, markup=False, highlight=False)
+    for text in stats.unused_lines(unused, registered):
+        console.print(text, markup=False, highlight=False)
+    off = stats.off_line(found)
+    if off is not None:
         print("These groups never reached a special point; their special cases can be off:")
-        print(line)
-    return 0
+        print(off)
+    for text in stats.site_lines(found):
+        print(text)
 
 
-def _run(script: str, argv: list[str]) -> int:
-    from .script import run_script
-
+def _run(script: str, argv: list[str]) -> Exit:
     sys.stdout.flush()
     code = run_script(script, argv)
     sys.stdout.flush()

@@ -13,6 +13,7 @@ vertex of the representative, so hit counts add up and edges between instances f
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -206,8 +207,10 @@ def select(instances: Sequence[InstanceLike], group: str | None) -> list[Instanc
             ids.add(inst.id)
     if not chosen:
         names = sorted({i.name for i in instances})
+        close = difflib.get_close_matches(group, names, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise GroupError(f"no instance of group {group!r} was traced; traced groups: "
-                         f"{', '.join(names) or 'none'}")
+                         f"{', '.join(names) or 'none'}{hint}")
     return chosen
 
 

@@ -1,4 +1,5 @@
-"""Run a user's script as ``python SCRIPT.py ARGS`` would, reporting failure as an exit code."""
+"""Run a user's script as ``python SCRIPT.py ARGS`` would, reporting failure as an exit code and
+how it ended."""
 
 from __future__ import annotations
 
@@ -8,10 +9,21 @@ import sys
 import traceback
 
 
-def run_script(path: str, args: list[str]) -> int:
+class Exit(int):
+    """A script's exit code, with ``how`` it ended when it failed (for the command's message)."""
+
+    how: str
+
+    def __new__(cls, code: int, how: str = "") -> Exit:
+        made = super().__new__(cls, code)
+        made.how = how
+        return made
+
+
+def run_script(path: str, args: list[str]) -> Exit:
     """Run ``path`` as ``__main__`` with ``sys.argv == [path, *args]`` and its folder first on
     ``sys.path``; return 0 when it finishes, else its exit code (1 for an exception, whose
-    traceback, from the script's own frames on, goes to stderr).
+    traceback, from the script's own frames on, goes to stderr) and how it ended.
 
     >>> import os, tempfile
     >>> script = os.path.join(tempfile.mkdtemp(), "hello.py")
@@ -28,11 +40,11 @@ def run_script(path: str, args: list[str]) -> int:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code is None or e.code == 0:
-            return 0
+            return Exit(0)
         if isinstance(e.code, int):
-            return e.code
+            return Exit(e.code, f"called sys.exit({e.code})")
         print(e.code, file=sys.stderr)
-        return 1
+        return Exit(1, f"called sys.exit({e.code!r})")
     except BaseException as e:  # the script's own errors, KeyboardInterrupt included, end it
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
@@ -40,8 +52,9 @@ def run_script(path: str, args: list[str]) -> int:
         if tb is None and not isinstance(e, SyntaxError):
             tb = e.__traceback__
         traceback.print_exception(type(e), e, tb)
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
+        return Exit(130 if isinstance(e, KeyboardInterrupt) else 1,
+                    f"raised {type(e).__name__} (traceback above)")
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-    return 0
+    return Exit(0)

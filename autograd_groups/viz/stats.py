@@ -1,5 +1,6 @@
-"""The ``stats`` report: per group, how often it ran, how often its rules changed anything, and
-whether its special cases could be turned off; as two tables that fit 80 columns, or as JSON."""
+"""The ``stats`` report: per group and line of code that created its instances, how often it ran,
+how often its rules changed anything, whether its input gradients came out non-finite, and whether
+its special cases could be turned off; as two tables that fit 80 columns, or as JSON."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from .fold import short_where
+
 KEEP = "keep on"
 SAFE = "can be off"
+NONFINITE = "non-finite gradients"
 NO_RULES = "no rules registered"
 OFF = "was off"
 NOT_RUN = "no backward"
 COMPILED = "unknown: compiled"
 LEGEND = {
     KEEP: "its rules changed gradients: it reaches special points",
+    NONFINITE: "its input gradients came out NaN or infinite with its rules on: its rules did not fix "
+               "them (a rule that never applies, or a special point no rule covers)",
     SAFE: "its rules ran but never changed an element in this run",
     NO_RULES: "no rule is registered under the group's name: is it misspelled?",
     OFF: "every instance was created with special cases off",
@@ -41,7 +47,7 @@ class RuleRow:
 
 @dataclass
 class GroupReport:
-    """One group's line of the report."""
+    """One line of the report: a group's instances created at one line of code (``where``)."""
 
     name: str
     instances: int
@@ -49,6 +55,8 @@ class GroupReport:
     backward_passes: int
     compiled: bool = False
     rules: list[RuleRow] = field(default_factory=list)
+    where: str = ""
+    nonfinite: int = 0
 
     @property
     def verdict(self) -> str:
@@ -57,6 +65,8 @@ class GroupReport:
             return NO_RULES
         if self.instances and self.instances_off == self.instances:
             return OFF
+        if self.nonfinite:
+            return NONFINITE
         if any(r.changed for r in self.rules):
             return KEEP
         if self.compiled:
@@ -66,8 +76,9 @@ class GroupReport:
 
 def reports(counts: Mapping[str, Mapping[str, Any]],
             registered: Mapping[str, Sequence[Any]]) -> list[GroupReport]:
-    """Join ``ag.stats()`` with ``ag.list_rules()``: one report per group counted in ``counts``;
-    its registered rules that never ran appear with zero calls.
+    """Join ``ag.stats()`` with ``ag.list_rules()``: one report per group counted in ``counts`` and
+    line of code that created its instances (its ``sites``); its registered rules that never ran
+    appear with zero calls.
 
     >>> [r.verdict for r in reports({"g": {"instances": 2, "instances_off": 0, "backward_passes": 2,
     ...     "rules": {"nan_safe": {"kind": "nan_safe", "calls": 4, "firings": 0, "elements": 0}}}}, {})]
@@ -76,16 +87,32 @@ def reports(counts: Mapping[str, Mapping[str, Any]],
     found: list[GroupReport] = []
     for name in sorted(counts):
         count = counts[name]
-        report = GroupReport(name, count["instances"], count["instances_off"], count["backward_passes"],
-                             count.get("compiled", False))
-        for label, rule in count.get("rules", {}).items():
-            changed = rule["firings"] if rule["kind"] == "override" else rule["elements"]
-            report.rules.append(RuleRow(label, rule["kind"], rule["calls"], changed))
-        seen = {r.label for r in report.rules}
-        report.rules += [RuleRow(r.label, r.kind, 0, 0) for r in registered.get(name, ())
-                         if r.label not in seen]
-        found.append(report)
+        for where, site in sorted((count.get("sites") or {"": count}).items(), key=_by_line):
+            report = GroupReport(name, site["instances"], site["instances_off"], site["backward_passes"],
+                                 count.get("compiled", False), where=where,
+                                 nonfinite=site.get("nonfinite_gradients", 0))
+            for label, rule in site.get("rules", {}).items():
+                changed = rule["firings"] if rule["kind"] == "override" else rule["elements"]
+                report.rules.append(RuleRow(label, rule["kind"], rule["calls"], changed))
+            seen = {r.label for r in report.rules}
+            report.rules += [RuleRow(r.label, r.kind, 0, 0) for r in registered.get(name, ())
+                             if r.label not in seen]
+            found.append(report)
     return found
+
+
+def _by_line(item: tuple[str, Any]) -> tuple[str, int]:
+    """``file:line`` sorted by file, then by line number."""
+    path, _, line = item[0].rpartition(":")
+    return (path, int(line)) if line.isdigit() else (item[0], 0)
+
+
+def _title(report: GroupReport) -> Text:
+    """The group's name, and below it where its instances were created."""
+    title = Text(report.name, style="bold")
+    if report.where:
+        title.append(f"\n  at {short_where(report.where)}", style="dim")
+    return title
 
 
 def group_table(found: Sequence[GroupReport]) -> Table:
@@ -99,8 +126,8 @@ def group_table(found: Sequence[GroupReport]) -> Table:
         out.add_column(column, justify="right", overflow="fold")
     out.add_column("verdict", overflow="fold")
     for report in found:
-        color = {KEEP: "red", SAFE: "green"}.get(report.verdict, "dim")
-        out.add_row(escape(report.name), str(report.instances), str(report.instances_off),
+        color = {KEEP: "red", NONFINITE: "bold red", SAFE: "green"}.get(report.verdict, "dim")
+        out.add_row(_title(report), str(report.instances), str(report.instances_off),
                     str(report.backward_passes) if report.rules else "-",
                     f"[{color}]{escape(report.verdict)}[/]")
     return out
@@ -117,30 +144,34 @@ def rule_table(found: Sequence[GroupReport]) -> Table | None:
     out.add_column("calls", justify="right", overflow="fold")
     out.add_column("changed", justify="right", overflow="fold")
     for report in (r for r in found if r.rules):
-        out.add_row(Text(report.name, style="bold"), "", "")
+        out.add_row(_title(report), "", "")
         for k, rule in enumerate(report.rules):
             out.add_row(Padding(Text(rule.label), (0, 0, 0, 2)), str(rule.calls), str(rule.changed),
                         end_section=k == len(report.rules) - 1)
     return out
 
 
-def to_json(found: Sequence[GroupReport]) -> dict[str, Any]:
-    """``stats --json``: the tables' content. ``groups``: per group ``name``, ``instances``,
-    ``instances_off``, ``backward_passes``, ``compiled``, ``verdict`` and ``rules`` (per rule
-    ``label``, ``kind``, ``calls``, ``changed``); ``can_be_off``: the groups whose special cases can
-    be turned off.
+def to_json(found: Sequence[GroupReport], unused: Mapping[str, Sequence[str]] | None = None,
+            ) -> dict[str, Any]:
+    """``stats --json``: the tables' content. ``groups``: per group and line of code, ``name``,
+    ``where``, ``instances``, ``instances_off``, ``backward_passes``, ``nonfinite_gradients``,
+    ``compiled``, ``verdict`` and ``rules`` (per rule ``label``, ``kind``, ``calls``, ``changed``);
+    ``can_be_off``: the groups whose special cases can be turned off everywhere; ``unused_rules``:
+    names with rules that no group used, each with the group names close to it.
 
     >>> to_json(reports({"g": {"instances": 1, "instances_off": 0, "backward_passes": 1,
     ...     "rules": {}}}, {}))["groups"][0]["verdict"]
     'no rules registered'
     """
     return {
-        "groups": [{"name": r.name, "instances": r.instances, "instances_off": r.instances_off,
-                    "backward_passes": r.backward_passes, "compiled": r.compiled, "verdict": r.verdict,
+        "groups": [{"name": r.name, "where": r.where, "instances": r.instances,
+                    "instances_off": r.instances_off, "backward_passes": r.backward_passes,
+                    "nonfinite_gradients": r.nonfinite, "compiled": r.compiled, "verdict": r.verdict,
                     "rules": [{"label": rule.label, "kind": rule.kind, "calls": rule.calls,
                                "changed": rule.changed} for rule in r.rules]}
                    for r in found],
         "can_be_off": _can_be_off(found),
+        "unused_rules": {name: list(close) for name, close in (unused or {}).items()},
     }
 
 
@@ -151,10 +182,40 @@ def legend(found: Sequence[GroupReport]) -> list[str]:
 
 
 def _can_be_off(found: Sequence[GroupReport]) -> list[str]:
-    return [r.name for r in found if r.verdict == SAFE]
+    """The groups every line of which can be off."""
+    names = dict.fromkeys(r.name for r in found)
+    return [name for name in names if all(r.verdict == SAFE for r in found if r.name == name)]
 
 
 def off_line(found: Sequence[GroupReport]) -> str | None:
     """The ``with`` line that turns off the special cases of every group that never hit one."""
     names = _can_be_off(found)
     return f"with ag.special_cases(False, groups={json.dumps(names)}):" if names else None
+
+
+def site_lines(found: Sequence[GroupReport]) -> list[str]:
+    """For a group that must stay on at some lines of code but never met a special point at
+    others: those lines, where a ``with`` around the call alone may turn it off."""
+    whole = set(_can_be_off(found))
+    lines = []
+    for report in found:
+        if report.verdict == SAFE and report.name not in whole and report.where:
+            lines.append(f"{report.name} never reached a special point at {short_where(report.where)}; "
+                         f"that call alone may run under\n  with ag.special_cases(False, "
+                         f"groups={json.dumps([report.name])}):")
+    return lines
+
+
+def unused_lines(unused: Mapping[str, Sequence[str]], registered: Mapping[str, Sequence[Any]]) -> list[str]:
+    """One line per name that has rules no group used: they never took effect.
+
+    >>> unused_lines({"lenght": ["length"]}, {"lenght": [object()]})
+    ["rules under 'lenght', a name no group used, never took effect (1 rule); did you mean 'length'?"]
+    """
+    lines = []
+    for name, close in unused.items():
+        count = len(registered.get(name, ()))
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        lines.append(f"rules under {name!r}, a name no group used, never took effect "
+                     f"({count} rule{'s' if count != 1 else ''}){hint}")
+    return lines

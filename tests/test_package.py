@@ -1,0 +1,23 @@
+"""The package's public face: its version, the names it shows, and what importing it does."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import autograd_groups as ag
+
+
+def test_the_package_has_a_version_and_shows_no_helpers_of_its_own() -> None:
+    assert ag.__version__ == importlib.metadata.version("autograd-groups")
+    assert not {"Any", "importlib", "_version"} & set(dir(ag))
+
+
+def test_the_built_in_spec_loads_at_the_first_use_of_ops_not_at_import() -> None:
+    code = ("import autograd_groups as ag\n"
+            "assert 'ops.cdist' not in ag.list_rules()\n"
+            "ag.ops.cdist\n"
+            "assert 'ops.cdist' in ag.list_rules()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
