@@ -320,9 +320,10 @@ class SiteHook:
         # Compiled autograd traces the hook with Dynamo, without the node (see capture).
         node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
-        # Read before the rules replace them: whether a graph will differentiate what they give.
-        second = counted and any(g is not None and levels.differentiated(g, instance.linear_levels)
-                                 for g in grad_inputs)
+        # Read before the rules replace them: whether a graph will differentiate what they give
+        # (never in a first-order backward, which runs with grad mode off).
+        second = counted and torch.is_grad_enabled() and any(
+            g is not None and levels.differentiated(g, instance.linear_levels) for g in grad_inputs)
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs)
             if counted:

@@ -292,7 +292,7 @@ def _primal(t: torch.Tensor) -> torch.Tensor:
     return forward_ad.unpack_dual(t).primal
 
 
-def _forward_levels(inner: bool = False) -> bool:
+def _forward_mode_around(inner: bool = False) -> bool:
     """Whether a forward-mode level (a ``torch.func`` jvp transform, a ``forward_ad`` dual level)
     will differentiate what this thread computes now; but the innermost jvp transform, whose jvp
     is running, where ``inner``."""
@@ -352,7 +352,7 @@ class _Transposed(torch.autograd.Function):
         with forward_ad._set_fwd_grad_enabled(True), _inside(transposing=True):
             primals = tuple(_primal(x) for x in ctx.saved_tensors)
             units = tuple(torch.ones_like(t) for t in ctx.outputs)
-            return _derivative(call, tangent, (*primals, *tangents, *units), _forward_levels(inner=True))
+            return _derivative(call, tangent, (*primals, *tangents, *units), _forward_mode_around(inner=True))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
@@ -365,7 +365,7 @@ class _Transposed(torch.autograd.Function):
             return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs))
 
         with _inside():
-            return (None, *_derivative(call, gradients, (*inputs, *cotangents), _forward_levels()))
+            return (None, *_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
 
 
 def _at(where: tuple[str, int]) -> str:
