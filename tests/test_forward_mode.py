@@ -492,3 +492,25 @@ def test_second_order_mixes_agree_on_random_compositions(chain: list[int], value
 
         _assert_second_order_mixes_equal_reverse_over_reverse(lambda x: composed(x).sum(),
                                                               torch.tensor(values, dtype=F64))
+
+
+@pytest.mark.parametrize("point", ["ordinary", "special"])
+def test_dual_numbers_over_reverse_mode_are_the_hessian_vector_product(point: str) -> None:
+    # forward_ad around torch.func.grad, and around torch.autograd.grad(create_graph=True).
+    g = torch.Generator().manual_seed(4)
+    x1, x2, t = (torch.randn(4, 3, dtype=F64, generator=g) for _ in range(3))
+    if point == "special":
+        x2[:2] = x1[:2]  # zero distances
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        return ops.cdist(a, x2).sum()
+
+    expected = (jacrev(jacrev(f))(x1).reshape(12, 12) @ t.reshape(-1)).reshape(4, 3)
+    assert torch.isfinite(expected).all()
+    with fwAD.dual_level():
+        tangent = fwAD.unpack_dual(torch.func.grad(f)(fwAD.make_dual(x1, t))).tangent
+    torch.testing.assert_close(tangent, expected)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x1.clone().requires_grad_(), t)
+        (g,) = torch.autograd.grad(f(dual), dual, create_graph=True)
+        torch.testing.assert_close(fwAD.unpack_dual(g).tangent, expected)
