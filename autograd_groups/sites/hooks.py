@@ -310,3 +310,5 @@ class SiteHook:
         elements = sum(int(m.sum()) for m in masks)
         counters.count_rule(self.instance.name, rule.label, rule.kind, elements)
         self.instance.record_hit(self.vertex, rule.label, elements)
+        if self.instance.recorder is not None:
+            self.instance.recorder.changed(self.instance, rule, masks)
