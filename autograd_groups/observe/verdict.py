@@ -143,7 +143,7 @@ class Report:
 
     def __rich__(self) -> RenderableType:
         counts = self.counts()
-        lines = [Text(explain(row)) for row in self.rows if row.status != CONSISTENT and row.instance]
+        lines = [Text(explain(row)) for row in self.rows if row.status != CONSISTENT]
         summary = Text(", ".join(f"{n} {status}" for status, n in counts.items()))
         return Group(self.table(), *lines, summary) if self.rows else Text("no rule ran in this run")
 
