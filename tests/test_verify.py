@@ -193,7 +193,7 @@ def test_a_nan_safe_rule_is_checked_at_the_ops_it_fired_at() -> None:
     assert set(row.op.split(", ")) <= {"exp", "mul", "log"} and row.op
 
 
-def test_verify_leaves_the_users_tensors_grads_and_random_generator_alone() -> None:
+def test_verify_leaves_the_users_tensors_grads_random_generator_and_stats_alone() -> None:
     ag.register_rule("norm", SQRT_AT_ZERO)
     weight = torch.nn.Parameter(torch.zeros(3))
     x = torch.zeros(3, requires_grad=True)
@@ -206,6 +206,7 @@ def test_verify_leaves_the_users_tensors_grads_and_random_generator_alone() -> N
     assert report.ok and [row.status for row in report.rows] == ["consistent", "consistent"]
     assert x.grad is None and weight.grad is None and x.eq(0).all() and weight.eq(0).all()
     assert torch.equal(torch.get_rng_state(), state)
+    assert ag.stats() == {}  # its many runs of the groups are not counted
 
 
 def test_max_instances_bounds_the_checks_and_rules_that_never_fired_get_a_row() -> None:

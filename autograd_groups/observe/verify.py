@@ -26,7 +26,7 @@ from ..errors import GroupError
 from ..frames import user_line
 from ..groups.instance import GroupInstance
 from ..rules.kinds import Override, Rule, Subgradient
-from . import limits, tracer
+from . import counters, limits, tracer
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
 from .recording import Recorder, recording
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Report, Row
@@ -54,10 +54,10 @@ def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: in
 
     ``fn`` runs on copies of its tensor arguments; its outputs' gradient, for a fixed random
     projection, is taken with respect to its floating-point tensor arguments and every leaf that
-    requires grad, with ``torch.autograd.grad``: no ``.grad`` is changed. Each decorator group and
-    built-in is checked on its own inputs, ``with`` blocks and ``tag`` through ``fn``, in the first
-    ``max_instances`` instances of each group where a rule fired; ``order=2`` checks
-    Hessian-vector products. ``order`` and ``max_instances`` are ``ag.verify``'s own: pass an
+    requires grad, with ``torch.autograd.grad``: no ``.grad`` is changed, nor ``ag.stats()``. Each
+    decorator group and built-in is checked on its own inputs, ``with`` blocks and ``tag`` through
+    ``fn``, in the first ``max_instances`` instances of each group where a rule fired; ``order=2``
+    checks Hessian-vector products. ``order`` and ``max_instances`` are ``ag.verify``'s own: pass an
     ``fn`` argument of those names through a ``functools.partial``.
 
     >>> import torch, autograd_groups as ag
@@ -71,6 +71,12 @@ def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: in
     (True, [('consistent', 'kink')])
     """
     _check_options(order, max_instances)
+    with counters.kept():
+        return _verify(fn, args, kwargs, order, max_instances)
+
+
+def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
+            max_instances: int) -> Report:
     recorder = Recorder(copy_calls=True, limit=max_instances)
     copied_args = tuple(_differentiable(a) for a in args)
     copied_kwargs = {k: _differentiable(v) for k, v in kwargs.items()}
