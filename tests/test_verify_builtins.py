@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from ops_cases import CASES, inputs
 
 import autograd_groups as ag
 from autograd_groups import ops
-from ops_cases import CASES, inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 _CELL = re.compile(r"(?<!\\)\|")
