@@ -5,6 +5,7 @@ products with the Hessians ``-I`` and ``sinc''(0) = -1/3``."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 
@@ -13,7 +14,9 @@ import torch
 
 import autograd_groups as ag
 from autograd_groups.errors import GroupError
+from autograd_groups.groups.instance import GroupInstance
 from autograd_groups.observe import limits, points
+from autograd_groups.sites.hooks import SiteHook
 from conftest import assert_fits
 
 
@@ -263,6 +266,27 @@ def test_the_table_fits_80_columns_and_the_report_converts_to_json() -> None:
     assert (data["ok"], data["order"], data["counts"]) == (
         True, 1, {"consistent": 1, "inconsistent": 0, "not checked": 1})
     assert data["rows"][0]["group"] == "abs_sqrt" and data["rows"][0]["point"] == "kink"
+
+
+def test_verify_leaves_no_instance_or_rule_site_behind() -> None:
+    # Rule sites hold nodes whose hooks hold the instances, and those the recorder: a cycle through
+    # autograd's C++ graph that the cycle collector cannot free, unless verify cuts it.
+    ag.register_rule("norm", SQRT_AT_ZERO)
+    ag.register_rule("norm_block", SQRT_AT_ZERO)
+
+    def fn(v):
+        with ag.autograd_group("norm_block"):
+            n = v.pow(2).sum().sqrt()
+        return norm(v) + n
+
+    def alive() -> int:
+        gc.collect()
+        return sum(isinstance(o, (GroupInstance, SiteHook)) for o in gc.get_objects())
+
+    before = alive()
+    for order, status in ((1, "consistent"), (2, "not checked")):  # a norm's curvature at 0: unbounded
+        assert [row.status for row in ag.verify(fn, torch.zeros(3), order=order).rows] == [status] * 2
+    assert alive() == before
 
 
 def test_instances_carry_a_recorder_only_inside_verify() -> None:

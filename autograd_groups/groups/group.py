@@ -160,7 +160,7 @@ class autograd_group:
             if instance is None:
                 return fn(*args, **kwargs)
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
-                instance.recorder.called(instance, grouped, args, kwargs)
+                instance.recorder.called(instance, fn, args, kwargs)
             if instance.rules.override is not None and override:
                 named, inputs, arguments = _named_inputs(signature, args, kwargs)
                 return run_override(instance, fn, args, kwargs, inputs, named, arguments)

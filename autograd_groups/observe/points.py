@@ -122,7 +122,8 @@ class AtPoint:
     """What the rules give at a point: ``value``, the derivative; ``changed``, how much it differs
     from the plain composite's there (inf where that is NaN); ``nan``, where the rules' gradient is
     NaN; the instances the run made, by id, and ``first``, the first one a decorator group made
-    (the group's own call); and ``reach``, the elements that a NaN put at some rule sites reaches."""
+    (the group's own call); and ``reach``, the elements that a NaN put at some rule sites reaches.
+    Call ``recorder.release()`` when done with it."""
 
     value: torch.Tensor
     changed: torch.Tensor
@@ -194,17 +195,21 @@ class Probe:
 
     def at_point(self) -> AtPoint:
         """The rules' derivative at the point (special cases on), with the sites each rule ran at."""
-        recorder = Recorder(copy_calls=False)
+        recorder = Recorder(record_sites=True)
         xs = self._leaves()
-        with tracer.trace() as session, recording(recorder), flag.restored(flag.FlagState(True)):
-            projected, _ = self._run(xs)
-        first, value = self._derivative(projected, xs, retain=True)
+        try:
+            with tracer.trace() as session, recording(recorder), flag.restored(flag.FlagState(True)):
+                projected, _ = self._run(xs)
+            first, value = self._derivative(projected, xs, retain=True)
+        except BaseException:
+            recorder.release()
+            raise
         recorder.stop()
 
         def reach(sites: list[Site]) -> torch.Tensor:
             handles = [site.node.register_hook(_poison(site)) for site in sites]
             try:
-                return self._nan(projected, xs)
+                return self._nan(projected, xs).cpu()
             finally:
                 for handle in handles:
                     handle.remove()
@@ -213,7 +218,8 @@ class Probe:
             plain = self._sample(self._leaves())
         changed = torch.where(plain == value, 0.0, (plain - value).abs().nan_to_num(nan=math.inf))
         made = {i.id: i for i in [*session.instances, *recorder.instances]}
-        return AtPoint(value, changed, torch.isnan(first), made,
+        # The comparison runs on the CPU, where the samples are gathered.
+        return AtPoint(value.cpu(), changed.cpu(), torch.isnan(first).cpu(), made,
                        recorder.instances[0] if recorder.instances else None, recorder, reach)
 
     def nearby(self) -> torch.Tensor | None:

@@ -20,9 +20,11 @@ import torch
 
 @dataclass
 class Call:
-    """A call of a decorator group: the decorated function and copies of its arguments, made at
-    forward time (the caller may change the originals in place later, as an optimizer does)."""
+    """A call of a decorator group: its name, the function it decorates, and copies of its
+    arguments, made at forward time (the caller may change the originals in place later, as an
+    optimizer does)."""
 
+    group: str
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
@@ -46,12 +48,19 @@ def _copy(value: Any) -> Any:
 
 class Recorder:
     """Collects, for the instances created while it is active: their creation order, the calls of
-    decorator groups (copied when ``copy_calls``, at most ``limit`` fired instances per group), and
-    each rule site's changed elements during the first backward pass (until :meth:`stop`)."""
+    decorator groups (copied when ``copy_calls``, at most ``limit`` fired instances per group), and,
+    when ``record_sites``, each rule site's changed elements during the first backward pass (until
+    :meth:`stop`).
 
-    def __init__(self, copy_calls: bool, limit: int | None = None) -> None:
+    The sites hold autograd nodes, whose hooks hold the instances, which hold the recorder: a
+    cycle through autograd's C++ graph that the cycle collector cannot see. :meth:`release` cuts it.
+    """
+
+    def __init__(self, copy_calls: bool = False, limit: int | None = None,
+                 record_sites: bool = False) -> None:
         self.copy_calls = copy_calls
         self.limit = limit
+        self.record_sites = record_sites
         self.instances: list[Any] = []
         self.calls: dict[int, Call] = {}
         self.sites: dict[tuple[int, str], list[Site]] = {}
@@ -62,12 +71,13 @@ class Recorder:
 
     def called(self, instance: Any, fn: Callable[..., Any], args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> None:
-        """A decorator group's instance ``instance`` was entered: ``fn(*args, **kwargs)``."""
+        """A decorator group's instance ``instance`` was entered: ``fn(*args, **kwargs)``, ``fn``
+        the function it decorates."""
         self.instances.append(instance)
         self._decorated.add(id(instance))
         if not self.copy_calls or not self._room(instance):
             return
-        self.calls[id(instance)] = Call(fn, tuple(_copy(a) for a in args),
+        self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
                                         {k: _copy(v) for k, v in kwargs.items()})
 
     def _room(self, instance: Any) -> bool:
@@ -96,8 +106,8 @@ class Recorder:
 
     def changed(self, instance: Any, rule: Any, masks: list[torch.Tensor]) -> None:
         """At the running rule site of ``instance``, ``rule`` changed the elements ``masks``."""
-        if self._stopped or rule not in instance.rules.rules:  # e.g. the formula guard of create_graph
-            return
+        if not self.record_sites or self._stopped or rule not in instance.rules.rules:
+            return  # (a rule the instance does not have: the formula guard of create_graph)
         while instance.merged_into is not None:  # tagged chains that met: the sites are the root's
             instance = instance.merged_into
         site = Site(torch._C._current_autograd_node(), rule, [m.detach() for m in masks])
@@ -107,6 +117,11 @@ class Recorder:
     def stop(self) -> None:
         """Record no more sites: later backward passes over the same graph run the same sites."""
         self._stopped = True
+
+    def release(self) -> None:
+        """Forget the sites and their autograd nodes, once they have served."""
+        with self._lock:
+            self.sites.clear()
 
 
 _active: list[Recorder] = []

@@ -24,6 +24,7 @@ import torch
 from .. import nodes
 from ..errors import GroupError
 from ..frames import user_line
+from ..groups.group import autograd_group
 from ..groups.instance import GroupInstance
 from ..rules.kinds import Override, Rule, Subgradient
 from . import counters, limits, tracer
@@ -128,7 +129,8 @@ def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, ma
             if not fired:
                 continue
             if call is not None:
-                point = point_of(call.fn, call.args, call.kwargs, lambda t: t.requires_grad)
+                grouped = autograd_group(call.group)(call.fn)
+                point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
                 rows += _check_point(point, fired, order, by_id=False) if point.inputs else [
                     _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
             elif recorder.decorated(instance):
@@ -244,11 +246,18 @@ def _check_point(point: Point, fired: list[_Fired], order: int, by_id: bool) -> 
     except Exception as e:  # the user's function: whatever it raises, the report says so
         return [_row(f, order, NOT_CHECKED, f"running it on float64 copies of its inputs raised {e!r}")
                 for f in fired]
-    samples = probe.nearby()
-    if samples is None:
-        return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
-                for f in fired]
-    found = limits.estimate(samples)
+    try:
+        samples = probe.nearby()
+        if samples is None:
+            return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
+                    for f in fired]
+        return _rows(point, fired, order, by_id, at, limits.estimate(samples))
+    finally:
+        at.recorder.release()
+
+
+def _rows(point: Point, fired: list[_Fired], order: int, by_id: bool, at: AtPoint,
+          found: limits.Limits) -> list[Row]:
     rows = []
     for f in fired:
         again = at.instances.get(f.instance.id) if by_id else at.first
@@ -258,7 +267,8 @@ def _check_point(point: Point, fired: list[_Fired], order: int, by_id: bool) -> 
         reached = _reached(f.rule, again, at)
         if reached is None:
             rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
-                                                    "float64 copies (a special point made by rounding)"))
+                                                    "float64 copies (a special point made by float32's "
+                                                    "rounding or range)"))
         elif not bool(reached.any()):
             reason = "the elements it changed reach no input gradient"
             if bool(at.nan.any()):
