@@ -145,7 +145,9 @@ class Report:
         counts = self.counts()
         lines = [Text(explain(row)) for row in self.rows if row.status != CONSISTENT]
         summary = Text(", ".join(f"{n} {status}" for status, n in counts.items()))
-        return Group(self.table(), *lines, summary) if self.rows else Text("no group with rules ran: nothing to check")
+        if not self.rows:
+            return Text("no group with rules ran: nothing to check")
+        return Group(self.table(), *lines, summary)
 
     def __str__(self) -> str:
         buffer = io.StringIO()
