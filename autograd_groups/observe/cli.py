@@ -63,7 +63,7 @@ def run_verify(args: argparse.Namespace) -> int:
         return 2
     if not _check_script("verify", args.script):
         return 2
-    recorder = Recorder(copy_calls=True, limit=args.max_instances)
+    recorder = Recorder(copies=args.max_instances)
     with trace() as session, recording(recorder), \
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)

@@ -47,19 +47,17 @@ def _copy(value: Any) -> Any:
 
 
 class Recorder:
-    """Collects, for the instances created while it is active: their creation order, the calls of
-    decorator groups (copied when ``copy_calls``, at most ``limit`` fired instances per group), and,
-    when ``record_sites``, each rule site's changed elements during the first backward pass (until
-    :meth:`stop`).
+    """Collects, for the instances created while it is active: their creation order; copies of the
+    calls of decorator groups, until each rule of a group has fired in ``copies`` copied instances;
+    and, when ``record_sites``, each rule site's changed elements during the first backward pass
+    (until :meth:`stop`).
 
     The sites hold autograd nodes, whose hooks hold the instances, which hold the recorder: a
     cycle through autograd's C++ graph that the cycle collector cannot see. :meth:`release` cuts it.
     """
 
-    def __init__(self, copy_calls: bool = False, limit: int | None = None,
-                 record_sites: bool = False) -> None:
-        self.copy_calls = copy_calls
-        self.limit = limit
+    def __init__(self, copies: int = 0, record_sites: bool = False) -> None:
+        self.copies = copies
         self.record_sites = record_sites
         self.instances: list[Any] = []
         self.calls: dict[int, Call] = {}
@@ -75,24 +73,22 @@ class Recorder:
         the function it decorates."""
         self.instances.append(instance)
         self._decorated.add(id(instance))
-        if not self.copy_calls or not self._room(instance):
+        if not self._room(instance):
             return
         self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
                                         {k: _copy(v) for k, v in kwargs.items()})
 
     def _room(self, instance: Any) -> bool:
         """Whether this call is worth copying: one of the instance's rules has fired in fewer than
-        ``limit`` copied instances of its group. Copies of instances whose backward ran without
+        ``copies`` copied instances of its group. Copies of instances whose backward ran without
         firing are dropped here, so that a long script keeps only what will be checked."""
         copied = self._copied.setdefault(instance.name, [])
-        if self.limit is not None:
-            for earlier in [i for i in copied if i.reached and not any(i.hits.values())]:
-                copied.remove(earlier)
-                del self.calls[id(earlier)]
-            fired = {rule.label: sum(bool(i.hits.get(rule.label)) for i in copied)
-                     for rule in instance.rules.rules}
-            if all(count >= self.limit for count in fired.values()):
-                return False
+        for earlier in [i for i in copied if i.reached and not any(i.hits.values())]:
+            copied.remove(earlier)
+            del self.calls[id(earlier)]
+        fired = [sum(bool(i.hits.get(rule.label)) for i in copied) for rule in instance.rules.rules]
+        if not any(count < self.copies for count in fired):
+            return False
         copied.append(instance)
         return True
 

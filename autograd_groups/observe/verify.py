@@ -78,7 +78,7 @@ def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: in
 
 def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
             max_instances: int) -> Report:
-    recorder = Recorder(copy_calls=True, limit=max_instances)
+    recorder = Recorder(copies=max_instances)
     copied_args = tuple(_differentiable(a) for a in args)
     copied_kwargs = {k: _differentiable(v) for k, v in kwargs.items()}
     with tracer.trace() as session, recording(recorder):
