@@ -22,6 +22,8 @@ from .groups.tagging import tag
 from .observe.anomaly import detect_nonfinite
 from .observe.counters import reset_stats, stats
 from .observe.tracer import Trace, trace
+from .observe.verdict import Report, Row
+from .observe.verify import verify
 from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient
 from .rules.registry import list_rules, register_rule, registry_scope, special_case, unregister_rule
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
@@ -33,7 +35,7 @@ __all__ = [
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
-    "__version__",
+    "__version__", "Report", "Row", "verify",
 ]
 
 

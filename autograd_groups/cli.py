@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import __version__
+from .observe import cli as observe_cli
 from .spec import cli as spec_cli
 from .viz import cli as viz_cli
 
@@ -22,11 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="autograd-groups",
-        description="Inspect autograd groups: validate spec files, list rules, draw traced graphs.")
+        description="Inspect autograd groups: validate spec files, list rules, draw traced graphs, "
+                    "check rules against the math.")
     parser.add_argument("--version", action="version", version=f"autograd-groups {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)
     viz_cli.register(commands)
+    observe_cli.register(commands)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown = " ".join(extra)

@@ -113,3 +113,11 @@ def test_an_override_defines_its_own_second_derivative_and_does_not_warn() -> No
         length = ag.autograd_group("so.override")(lambda v: (v * v).sum().sqrt())
         f = lambda v: torch.cos(length(v))  # noqa: E731
         assert _second_order_warnings(lambda: jacrev(jacrev(f))(torch.zeros(3, dtype=F64))) == []
+
+
+def test_ag_verify_takes_second_derivatives_without_telling_or_using_up_the_warning() -> None:
+    with ag.registry_scope():
+        f = _cos_of_length("so.verify")
+        zero = torch.zeros(3, dtype=F64)
+        assert _second_order_warnings(lambda: ag.verify(f, zero, order=2)) == []
+        assert len(_second_order_warnings(lambda: jacrev(jacrev(f))(zero))) == 1

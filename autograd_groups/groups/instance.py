@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..observe import counters
+from ..observe import counters, recording
 from ..rules.registry import RuleSet
 from ..sites.tangents import linear_levels, transposing
 
@@ -31,7 +31,8 @@ class GroupInstance:
     ``graph`` is a ``networkx.DiGraph`` when a ``trace()`` session was open, else None; ``watched``
     says whether ``detect_nonfinite()`` was active.
     ``inputs`` and ``outputs`` are vertex ids of ``graph``; ``hits`` maps rule labels to the number
-    of elements each rule changed in this instance (counted while traced).
+    of elements each rule changed in this instance (counted while traced). ``recorder`` is the
+    ``ag.verify`` recorder of a traced instance made while one was active, else None.
     """
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
@@ -51,6 +52,7 @@ class GroupInstance:
         self.outputs: list[str] = []
         self.hits: dict[str, int] = {}
         self.session = session
+        self.recorder = recording.active() if session is not None else None
         self.nested = False
         self.merged_into: GroupInstance | None = None
         #: ``(file, line)`` of the forward code that created the instance.
@@ -77,6 +79,11 @@ class GroupInstance:
 
     def __repr__(self) -> str:
         return f"<GroupInstance {self.id} at {self.where}>"
+
+    @property
+    def reached(self) -> bool:
+        """Whether a backward pass has reached the instance's rule sites."""
+        return self._task != -1
 
     def note_backward(self) -> None:
         """Count one backward pass through this instance (called by its rule sites)."""

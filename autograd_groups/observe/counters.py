@@ -6,7 +6,10 @@ instances (see :class:`~autograd_groups.sites.hooks.SiteHook`); calls and firing
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,3 +149,27 @@ def reset_stats() -> None:
     with _lock:
         _sites.clear()
         _compiled.clear()
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """Leave the counts as they were before the block (``ag.verify`` runs the groups many times;
+    counts that other threads make meanwhile are lost too).
+
+    >>> import autograd_groups as ag
+    >>> ag.reset_stats()
+    >>> with kept():
+    ...     count_instance("g", ("f.py", 1), True)
+    >>> ag.stats()
+    {}
+    """
+    with _lock:
+        sites, compiled = copy.deepcopy(_sites), set(_compiled)
+    try:
+        yield
+    finally:
+        with _lock:
+            _sites.clear()
+            _sites.update(sites)
+            _compiled.clear()
+            _compiled.update(compiled)

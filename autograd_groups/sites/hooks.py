@@ -8,7 +8,9 @@ tensor is saved and no autograd node is added.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -259,6 +261,20 @@ def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
 _warned: set[tuple[str, str]] = set()  # (group, rule label) told of a second derivative through it
 
 
+@contextlib.contextmanager
+def second_order_untold() -> Iterator[None]:
+    """Neither show nor count, inside the block, the second-order warnings (``ag.verify``'s own
+    runs take second derivatives through rules on purpose; the user is still told at theirs)."""
+    told = set(_warned)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SecondOrderWarning)
+        try:
+            yield
+        finally:
+            _warned.clear()
+            _warned.update(told)
+
+
 def _warn_second_order(site: SiteHook, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
     """Warn, once per group and rule, that a second derivative flows through elements where
     ``rule`` fired: there it is the rule's own derivative, which no one has checked."""
@@ -345,3 +361,5 @@ class SiteHook:
         elements = sum(int(m.sum()) for m in masks)
         counters.count_rule(self.instance.name, self.instance.site, rule.label, rule.kind, elements)
         self.instance.record_hit(self.vertex, rule.label, elements)
+        if self.instance.recorder is not None:
+            self.instance.recorder.changed(self.instance, rule, masks)

@@ -1,0 +1,295 @@
+"""Where ``ag.verify`` checks rules: a *point*, a function of some float64 tensors at those tensors,
+and what a :class:`Probe` measures there -- the derivative the rules give, the elements each rule
+reaches, and the automatic derivative at nearby points.
+
+The derivative is the gradient of a fixed random projection of the outputs (one number is weighted
+by 1, so that its gradient is the one the user sees), or with ``order=2`` the Hessian-vector product
+with a fixed random vector, through ``create_graph``. Every run of the function starts from the
+same state of the CPU random generator (dropout, random augmentation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import flag
+from ..errors import GroupError
+from ..groups.instance import GroupInstance
+from ..rules.kinds import NanSafe
+from . import limits, tracer
+from .recording import Recorder, Site, recording
+
+_SEED = 0
+_SEEDED = torch.Generator().manual_seed(_SEED).get_state()
+
+
+@contextlib.contextmanager
+def seeded() -> Iterator[None]:
+    """Run the block from the same state of the CPU random generator, and give the caller's back
+    afterwards (a saved state: ``torch.manual_seed`` costs milliseconds)."""
+    saved = torch.get_rng_state()
+    torch.set_rng_state(_SEEDED)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved)
+
+
+def generator() -> torch.Generator:
+    """A generator of the fixed random numbers (projections, vectors, directions)."""
+    return torch.Generator().manual_seed(_SEED)
+
+
+def outputs_of(out: Any) -> list[torch.Tensor]:
+    """The floating-point tensors that require grad among a function's outputs."""
+    values = out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else [out]
+    return [v for v in values
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad]
+
+
+@dataclass
+class Point:
+    """``run`` is a function of the tensors ``inputs`` (named ``names``); it is checked there."""
+
+    run: Callable[[list[torch.Tensor]], Any]
+    inputs: list[torch.Tensor]
+    names: list[str]
+
+    def element(self, k: int) -> tuple[str, list[int], float]:
+        """The name (``x[1, 2]``), index and input value of flat element ``k`` of the inputs."""
+        for name, x in zip(self.names, self.inputs):
+            if k < x.numel():
+                index = [int(i) for i in torch.unravel_index(torch.tensor(k), x.shape)]
+                return f"{name}{index}" if index else name, index, float(x.reshape(-1)[k])
+            k -= x.numel()
+        raise IndexError(k)
+
+
+def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [positional[i] if i < len(positional) else f"args[{i}]" for i in range(count)]
+
+
+def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],
+             wanted: Callable[[torch.Tensor], bool]) -> Point:
+    """``fn(*args, **kwargs)`` as a function of float64 copies of its floating-point tensor arguments
+    that are ``wanted``; its other floating-point tensor arguments become float64 constants."""
+    names = _parameter_names(fn, len(args))
+    slots: list[int | str] = []
+    inputs: list[torch.Tensor] = []
+    input_names: list[str] = []
+    base_args, base_kwargs = list(args), dict(kwargs)
+    keyed: list[tuple[int | str, Any, str]] = [*((i, a, names[i]) for i, a in enumerate(args)),
+                                               *((k, v, k) for k, v in kwargs.items())]
+    for key, value, name in keyed:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        copy = value.detach().to(torch.float64).clone()
+        if wanted(value):
+            slots.append(key)
+            inputs.append(copy)
+            input_names.append(name)
+        elif isinstance(key, int):
+            base_args[key] = copy
+        else:
+            base_kwargs[key] = copy
+
+    def run(xs: list[torch.Tensor]) -> Any:
+        call_args, call_kwargs = list(base_args), dict(base_kwargs)
+        for key, x in zip(slots, xs):
+            if isinstance(key, int):
+                call_args[key] = x
+            else:
+                call_kwargs[key] = x
+        return fn(*call_args, **call_kwargs)
+
+    return Point(run, inputs, input_names)
+
+
+@dataclass
+class AtPoint:
+    """What the rules give at a point: ``value``, the derivative; ``changed``, how much it differs
+    from the plain composite's there (inf where that is NaN); ``nan``, where the rules' gradient is
+    NaN; the instances the run made, by id, and ``first``, the first one a decorator group made
+    (the group's own call); and ``reach``, the elements that a NaN put at some rule sites reaches.
+    Call ``recorder.release()`` when done with it."""
+
+    value: torch.Tensor
+    changed: torch.Tensor
+    nan: torch.Tensor
+    instances: dict[str, GroupInstance]
+    first: GroupInstance | None
+    recorder: Recorder
+    reach: Callable[[list[Site]], torch.Tensor]
+
+
+class Probe:
+    """The derivatives of one point, for one fixed random projection."""
+
+    def __init__(self, point: Point, order: int) -> None:
+        self.point = point
+        self.order = order
+        self.generator = generator()
+        self.projections: list[torch.Tensor] | None = None
+        self.vector = torch.cat([self._random(x.shape).to(x.device).reshape(-1) for x in point.inputs])
+        self.error: Exception | None = None
+
+    def _random(self, shape: torch.Size) -> torch.Tensor:
+        return torch.randn(shape, generator=self.generator, dtype=torch.float64)
+
+    def _run(self, xs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The projection of the outputs at ``xs``, and the outputs."""
+        with seeded():
+            outputs = outputs_of(self.point.run(xs))
+        if self.projections is None:
+            self.projections = [torch.ones_like(o) if o.numel() == 1 else self._random(o.shape).to(o)
+                                for o in outputs]
+        if [o.shape for o in outputs] != [p.shape for p in self.projections]:
+            raise GroupError("its outputs changed shape from one run to the next")
+        return _project(outputs, self.projections), outputs
+
+    def _flat(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        return torch.cat([(torch.zeros_like(x) if g is None else g).reshape(-1)
+                          for g, x in zip(grads, self.point.inputs)])
+
+    def _nan(self, projected: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
+        """The input-gradient elements that a NaN in ``projected``'s backward reaches: NaN survives
+        a product with 0, so these are the elements that depend on it."""
+        grads = torch.autograd.grad(projected, xs, retain_graph=True, allow_unused=True)
+        return torch.isnan(self._flat(grads))
+
+    def _derivative(self, projected: torch.Tensor, xs: list[torch.Tensor],
+                    retain: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient, and the derivative checked (the gradient, or the Hessian-vector product)."""
+        if not projected.requires_grad:
+            zero = self._flat([None] * len(xs))
+            return zero, zero
+        second = self.order == 2
+        grads = torch.autograd.grad(projected, xs, create_graph=second, retain_graph=retain or second,
+                                    allow_unused=True)
+        first = self._flat(grads)
+        if not second:
+            return first, first
+        if not first.requires_grad:
+            return first, torch.zeros_like(first)
+        product = torch.autograd.grad((first * self.vector).sum(), xs, retain_graph=retain,
+                                      allow_unused=True)
+        return first.detach(), self._flat(product).detach()
+
+    def _leaves(self, offset: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        with torch.no_grad():
+            xs = ([x.clone() for x in self.point.inputs] if offset is None
+                  else [x + o for x, o in zip(self.point.inputs, offset)])
+        return [x.requires_grad_() for x in xs]
+
+    def at_point(self) -> AtPoint:
+        """The rules' derivative at the point (special cases on), with the sites each rule ran at."""
+        recorder = Recorder(record_sites=True)
+        xs = self._leaves()
+        try:
+            with tracer.trace() as session, recording(recorder), flag.restored(flag.FlagState(True)):
+                projected, _ = self._run(xs)
+            first, value = self._derivative(projected, xs, retain=True)
+        except BaseException:
+            recorder.release()
+            raise
+        recorder.stop()
+
+        def reach(sites: list[Site]) -> torch.Tensor:
+            handles = [site.node.register_hook(_poison(site)) for site in sites]
+            try:
+                return self._nan(projected, xs).cpu()
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+        with flag.restored(flag.FlagState(False)):
+            plain = self._sample(self._leaves())
+        changed = torch.where(plain == value, 0.0, (plain - value).abs().nan_to_num(nan=math.inf))
+        made = {i.id: i for i in [*session.instances, *recorder.instances]}
+        # The comparison runs on the CPU, where the samples are gathered.
+        return AtPoint(value.cpu(), changed.cpu(), torch.isnan(first).cpu(), made,
+                       recorder.instances[0] if recorder.instances else None, recorder, reach)
+
+    def nearby(self) -> torch.Tensor | None:
+        """The automatic derivative (special cases off) at the nearby points, (directions, steps,
+        elements), NaN where a sample is unusable; None if the function raised at every one of
+        them (the error is kept in ``error``)."""
+        directions = self._directions()
+        n = sum(x.numel() for x in self.point.inputs)
+        out = torch.full((len(directions), len(limits.STEPS), n), math.nan, dtype=torch.float64)
+        offsets = torch.empty_like(out)
+        ran = False
+        with flag.restored(flag.FlagState(False)):
+            for i, direction in enumerate(directions):
+                for j, step in enumerate(limits.STEPS):
+                    offset = [step * d for d in direction]
+                    offsets[i, j] = torch.cat([o.reshape(-1) for o in offset]).cpu()
+                    try:
+                        out[i, j] = self._sample(self._leaves(offset)).cpu()
+                        ran = True
+                    except Exception as e:  # the function raises there: it is outside its domain
+                        self.error = e
+        point = torch.cat([x.reshape(-1) for x in self.point.inputs]).cpu()
+        return torch.where(limits.usable(point, offsets), out, math.nan) if ran else None
+
+    def _sample(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        """The derivative at ``xs``, NaN where it depends on an output that is not finite: there the
+        function has left its domain."""
+        projected, outputs = self._run(xs)
+        broken = [~torch.isfinite(o.detach()) for o in outputs]
+        left = any(bool(b.any()) for b in broken)
+        value = self._derivative(projected, xs, retain=left)[1]
+        if left:
+            weights = [torch.where(b, math.nan, 0.0).to(o) for b, o in zip(broken, outputs)]
+            value = torch.where(self._nan(_project(outputs, weights), xs), math.nan, value)
+        return value
+
+    def _directions(self) -> list[list[torch.Tensor]]:
+        """:data:`~.limits.PAIRS` random directions and their negatives; each input's part scaled by
+        ``max(1, max |x|)``, and the largest element of each direction 1."""
+        found = []
+        for _ in range(limits.PAIRS):
+            parts = [self._random(x.shape).to(x.device) * max(1.0, float(x.abs().max()) if x.numel() else 1.0)
+                     for x in self.point.inputs]
+            largest = max(float(p.abs().max()) for p in parts if p.numel())
+            parts = [p / largest for p in parts]
+            found += [parts, [-p for p in parts]]
+        return found
+
+
+def _project(outputs: list[torch.Tensor], weights: list[torch.Tensor]) -> torch.Tensor:
+    return sum(((o * w).sum() for o, w in zip(outputs, weights)), torch.zeros((), dtype=torch.float64))
+
+
+def _poison(site: Site) -> Callable[..., tuple[torch.Tensor | None, ...]]:
+    """A post-hook for ``site``'s node, to run after its rule site's: NaN where the rule changed
+    elements."""
+    rule = site.rule
+
+    def hook(grad_inputs: Sequence[torch.Tensor | None],
+             grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...]:
+        grads = list(grad_inputs)
+        if isinstance(rule, NanSafe):  # one mask per gradient it set, in order
+            targets = list(zip([i for i, g in enumerate(grads) if g is not None], site.masks))
+        else:
+            indices = range(len(grads)) if rule.input is None else (rule.input,)
+            targets = [(i, site.masks[0]) for i in indices]
+        for i, mask in targets:
+            grad = grads[i] if i < len(grads) else None
+            if grad is not None:
+                grads[i] = torch.where(mask, math.nan, grad)
+        return tuple(grads)
+
+    return hook

@@ -1,0 +1,141 @@
+"""What ``ag.verify`` records beyond a trace: the calls of decorator groups, to run them again on
+their own inputs, and, at each rule site, the elements a rule changed, to find the input gradients
+those elements reach.
+
+A group instance carries a recorder only when it was created inside a trace session while one was
+active (decided at forward time and kept on the instance, so that rule sites running on the autograd
+engine's threads see it). Outside ``ag.verify`` no instance has one, and nothing here runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Call:
+    """A call of a decorator group: its name, the function it decorates, and copies of its
+    arguments, made at forward time (the caller may change the originals in place later, as an
+    optimizer does)."""
+
+    group: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class Site:
+    """One run of a rule at a rule site: the autograd node, the rule, and the masks of the elements
+    it changed (one per gradient it set, see :mod:`autograd_groups.sites.hooks`)."""
+
+    node: Any
+    rule: Any
+    masks: list[torch.Tensor]
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    return value
+
+
+class Recorder:
+    """Collects, for the instances created while it is active: their creation order; copies of the
+    calls of decorator groups, until each rule of a group has fired in ``copies`` copied instances;
+    and, when ``record_sites``, each rule site's changed elements during the first backward pass
+    (until :meth:`stop`).
+
+    The sites hold autograd nodes, whose hooks hold the instances, which hold the recorder: a
+    cycle through autograd's C++ graph that the cycle collector cannot see. :meth:`release` cuts it.
+    """
+
+    def __init__(self, copies: int = 0, record_sites: bool = False) -> None:
+        self.copies = copies
+        self.record_sites = record_sites
+        self.instances: list[Any] = []
+        self.calls: dict[int, Call] = {}
+        self.sites: dict[tuple[int, str], list[Site]] = {}
+        self._copied: dict[str, list[Any]] = {}
+        self._decorated: set[int] = set()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def called(self, instance: Any, fn: Callable[..., Any], args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> None:
+        """A decorator group's instance ``instance`` was entered: ``fn(*args, **kwargs)``, ``fn``
+        the function it decorates."""
+        self.instances.append(instance)
+        self._decorated.add(id(instance))
+        if not self._room(instance):
+            return
+        self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
+                                        {k: _copy(v) for k, v in kwargs.items()})
+
+    def _room(self, instance: Any) -> bool:
+        """Whether this call is worth copying: one of the instance's rules has fired in fewer than
+        ``copies`` copied instances of its group. Copies of instances whose backward ran without
+        firing are dropped here, so that a long script keeps only what will be checked."""
+        copied = self._copied.setdefault(instance.name, [])
+        for earlier in [i for i in copied if i.reached and not any(i.hits.values())]:
+            copied.remove(earlier)
+            del self.calls[id(earlier)]
+        fired = [sum(bool(i.hits.get(rule.label)) for i in copied) for rule in instance.rules.rules]
+        if not any(count < self.copies for count in fired):
+            return False
+        copied.append(instance)
+        return True
+
+    def call(self, instance: Any) -> Call | None:
+        """The copied call that created ``instance``, if any."""
+        return self.calls.get(id(instance))
+
+    def decorated(self, instance: Any) -> bool:
+        """Whether ``instance`` was made by a call of a decorator group (not ``with`` or ``tag``)."""
+        return id(instance) in self._decorated
+
+    def changed(self, instance: Any, rule: Any, masks: list[torch.Tensor]) -> None:
+        """At the running rule site of ``instance``, ``rule`` changed the elements ``masks``."""
+        if not self.record_sites or self._stopped or rule not in instance.rules.rules:
+            return  # (a rule the instance does not have: the formula guard of create_graph)
+        while instance.merged_into is not None:  # tagged chains that met: the sites are the root's
+            instance = instance.merged_into
+        site = Site(torch._C._current_autograd_node(), rule, [m.detach() for m in masks])
+        with self._lock:
+            self.sites.setdefault((id(instance), rule.label), []).append(site)
+
+    def stop(self) -> None:
+        """Record no more sites: later backward passes over the same graph run the same sites."""
+        self._stopped = True
+
+    def release(self) -> None:
+        """Forget the sites and their autograd nodes, once they have served."""
+        with self._lock:
+            self.sites.clear()
+
+
+_active: list[Recorder] = []
+_active_lock = threading.Lock()
+
+
+def active() -> Recorder | None:
+    """The innermost active recorder, if any (process-wide, as trace sessions are)."""
+    return _active[-1] if _active else None
+
+
+@contextlib.contextmanager
+def recording(recorder: Recorder) -> Iterator[Recorder]:
+    """Make ``recorder`` the one that instances created inside the block (and traced) carry."""
+    with _active_lock:
+        _active.append(recorder)
+    try:
+        yield recorder
+    finally:
+        with _active_lock:
+            _active.remove(recorder)

@@ -1,0 +1,334 @@
+"""``ag.verify``: check each rule that fired against the math, at the elements where it fired.
+
+A run of the user's code, traced with a :class:`~autograd_groups.observe.recording.Recorder`, tells
+which (group, rule, instance) fired, and keeps a copy of each decorator group's call. Each such
+instance is checked at a :class:`~autograd_groups.observe.points.Point`: the group's function of its
+own inputs; a ``with`` block or a ``tag`` is no function of its own, so its point is ``fn`` of
+``fn``'s arguments. At the point, in float64 (:mod:`.points`, :mod:`.limits`):
+
+1. the derivative the rules give, with the elements each rule changed at its rule sites;
+2. for each rule, the input-gradient elements it reaches: the backward again with a NaN where the
+   rule changed elements, right after its rule site; the elements that turn NaN are the rule's;
+3. the automatic derivative, special cases off, at nearby points, its limits, and the comparison.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import nodes
+from ..errors import GroupError
+from ..frames import user_line
+from ..groups.group import autograd_group
+from ..groups.instance import GroupInstance
+from ..rules.kinds import Override, Rule, Subgradient
+from ..sites.hooks import second_order_untold
+from . import counters, limits, tracer
+from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
+from .recording import Recorder, recording
+from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Report, Row
+
+#: How many instances of each group where a rule fired are checked, by default.
+MAX_INSTANCES = 5
+
+
+@dataclass
+class _Fired:
+    """A rule that fired in a recorded instance: at how many elements (for an override, how many
+    times), at which ops, and where the instance was created."""
+
+    instance: GroupInstance
+    rule: Rule
+    changed: int
+    ops: str
+    where: str
+
+
+def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: int = MAX_INSTANCES,
+           **kwargs: Any) -> Report:
+    """Run ``fn(*args, **kwargs)`` and check every rule that fired against the limits of the
+    automatic gradient at nearby points, at the elements where it fired (docs/verify.md).
+
+    ``fn`` runs on copies of its tensor arguments; its outputs' gradient, for a fixed random
+    projection, is taken with respect to its floating-point tensor arguments and every leaf that
+    requires grad, with ``torch.autograd.grad``: no ``.grad`` is changed, nor ``ag.stats()``. Each
+    decorator group and built-in is checked on its own inputs, ``with`` blocks and ``tag`` through
+    ``fn``, in the first ``max_instances`` instances of each group where a rule fired; ``order=2``
+    checks Hessian-vector products. ``order`` and ``max_instances`` are ``ag.verify``'s own: pass an
+    ``fn`` argument of those names through a ``functools.partial``.
+
+    >>> import torch, autograd_groups as ag
+    >>> @ag.autograd_group("length")
+    ... def length(v):
+    ...     return v.pow(2).sum().sqrt()
+    >>> with ag.registry_scope():
+    ...     _ = ag.register_rule("length", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    ...     report = ag.verify(length, torch.zeros(3))
+    >>> report.ok, [(row.status, row.point) for row in report.rows]
+    (True, [('consistent', 'kink')])
+    """
+    _check_options(order, max_instances)
+    with counters.kept():
+        return _verify(fn, args, kwargs, order, max_instances)
+
+
+def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
+            max_instances: int) -> Report:
+    recorder = Recorder(copies=max_instances)
+    copied_args = tuple(_differentiable(a) for a in args)
+    copied_kwargs = {k: _differentiable(v) for k, v in kwargs.items()}
+    with tracer.trace() as session, recording(recorder):
+        with seeded():
+            outputs = outputs_of(fn(*copied_args, **copied_kwargs))
+        if not outputs:
+            raise GroupError(f"ag.verify: {_name(fn)} returned no floating-point tensor that requires "
+                             f"grad, so there is no gradient to check: return the loss, or the "
+                             f"outputs whose gradient the rules change")
+        weights = generator()
+        projected = sum(((o * torch.randn(o.shape, generator=weights, dtype=torch.float64).to(o)).sum()
+                         for o in outputs), torch.zeros(()))
+        copies = [v for v in [*copied_args, *copied_kwargs.values()]
+                  if isinstance(v, torch.Tensor) and v.requires_grad]
+        wrt = list({id(t): t for t in [*_leaves(outputs), *copies]}.values())
+        try:
+            torch.autograd.grad(projected, wrt, allow_unused=True)
+        except RuntimeError as e:
+            raise GroupError(f"ag.verify: the backward of {_name(fn)}'s outputs failed ({e}): fn must "
+                             f"return its outputs without calling backward() on them") from e
+    point = point_of(fn, args, kwargs, lambda t: True)
+    whole: Point | str = point
+    if not point.inputs:
+        whole = (f"a `with` block or tag() is checked through the function given to ag.verify, and "
+                 f"{_name(fn)} has no floating-point tensor argument to differentiate: pass the "
+                 f"tensors it reads as arguments")
+    return check(session.instances, recorder, order, max_instances, whole, user_line())
+
+
+def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
+          whole: Point | str, called_at: str | None = None) -> Report:
+    """The report on the traced ``instances`` of a run that ``recorder`` recorded. ``whole`` is the
+    point that checks ``with`` and ``tag`` groups, or why they cannot be checked; ``called_at`` is
+    where an instance that ``ag.verify`` itself created (``fn`` is a group) was created."""
+    _check_options(order, max_instances)
+    with second_order_untold():
+        return _check(instances, recorder, order, max_instances, whole, called_at)
+
+
+def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
+           whole: Point | str, called_at: str | None) -> Report:
+    rows: list[Row] = []
+    through_whole: list[_Fired] = []
+    for name, group in _by_group(instances).items():
+        rules = {rule.label: rule for instance in group for rule in instance.rules.rules}
+        fired_per_rule = dict.fromkeys(rules, 0)
+        for instance in group:
+            fired = []
+            for f in _fired(instance, called_at):
+                fired_per_rule[f.rule.label] += 1
+                if fired_per_rule[f.rule.label] <= max_instances:
+                    fired.append(f)
+            call = recorder.call(instance)
+            if not fired:
+                continue
+            if call is not None:
+                grouped = autograd_group(call.group)(call.fn)
+                point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
+                rows += _check_point(point, fired, order, by_id=False) if point.inputs else [
+                    _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
+            elif recorder.decorated(instance):
+                rows += [_row(f, order, NOT_CHECKED, "its call was not recorded") for f in fired]
+            else:
+                through_whole += fired
+        where = _created(group[0], called_at)
+        for label, rule in rules.items():
+            count = fired_per_rule[label]
+            if count == 0:
+                rows.append(_summary(name, where, rule, order, f"no rule fired in its {len(group)} "
+                                                               f"instance(s)"))
+            elif count > max_instances:
+                rows.append(_summary(name, where, rule, order, f"{count - max_instances} more "
+                                     f"instance(s) where it fired (max_instances={max_instances})"))
+    if isinstance(whole, str):
+        rows += [_row(f, order, NOT_CHECKED, whole) for f in through_whole]
+    elif through_whole:
+        rows += _check_point(whole, through_whole, order, by_id=True)
+    rows.sort(key=lambda row: (row.group, row.instance == "", _number(row.instance), row.rule))
+    return Report(rows, order)
+
+
+def _check_options(order: int, max_instances: int) -> None:
+    if isinstance(order, bool) or order not in (1, 2):
+        raise GroupError(f"ag.verify: order must be 1 (gradients) or 2 (Hessian-vector products), "
+                         f"not {order!r}")
+    if isinstance(max_instances, bool) or not isinstance(max_instances, int) or max_instances < 1:
+        raise GroupError(f"ag.verify: max_instances must be a positive int, not {max_instances!r}")
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+def _differentiable(value: Any) -> Any:
+    """A copy of a floating-point tensor argument that requires grad: what ``fn`` runs on."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().clone().requires_grad_()
+    return value
+
+
+def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaf tensors that require grad behind ``outputs`` (an explicit walk, no recursion)."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        leaf = tracer.leaf_tensor(node) if type(node) is nodes.ACCUMULATE_GRAD else None
+        if leaf is not None:
+            found.append(leaf)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found
+
+
+def _by_group(instances: Sequence[GroupInstance]) -> dict[str, list[GroupInstance]]:
+    groups: dict[str, list[GroupInstance]] = {}
+    for instance in instances:
+        groups.setdefault(instance.name, []).append(instance)
+    for group in groups.values():
+        group.sort(key=lambda i: _number(i.id))
+    return dict(sorted(groups.items()))
+
+
+def _number(instance_id: str) -> int:
+    found = re.search(r"#(\d+)$", instance_id)
+    return int(found.group(1)) if found else 0
+
+
+def _created(instance: GroupInstance, called_at: str | None) -> str:
+    """Where ``instance`` was created: ``called_at`` for one that ag.verify's own call made."""
+    return called_at if called_at and instance.where.startswith(__file__ + ":") else instance.where
+
+
+def _fired(instance: GroupInstance, called_at: str | None) -> list[_Fired]:
+    where = _created(instance, called_at)
+    return [_Fired(instance, rule, instance.hits[rule.label], _ops(instance, rule), where)
+            for rule in instance.rules.rules if instance.hits.get(rule.label)]
+
+
+def _ops(instance: GroupInstance, rule: Rule) -> str:
+    if isinstance(rule, Subgradient):
+        return rule.op
+    if isinstance(rule, Override):
+        return ""
+    ops = {attrs["op"] for _, attrs in instance.graph.nodes(data=True) if attrs["hits"].get(rule.label)}
+    return ", ".join(sorted(ops))
+
+
+def _row(fired: _Fired, order: int, status: str, reason: str = "", **numbers: Any) -> Row:
+    instance, rule = fired.instance, fired.rule
+    return Row(group=instance.name, instance=instance.id, where=fired.where, rule=rule.label,
+               kind=rule.kind, op=fired.ops, order=order, status=status, reason=reason,
+               changed=fired.changed, **numbers)
+
+
+def _summary(name: str, where: str, rule: Rule, order: int, reason: str) -> Row:
+    return Row(group=name, instance="", where=where, rule=rule.label, kind=rule.kind,
+               op=rule.op if isinstance(rule, Subgradient) else "", order=order, status=NOT_CHECKED,
+               reason=reason)
+
+
+def _check_point(point: Point, fired: list[_Fired], order: int, by_id: bool) -> list[Row]:
+    """Rows for ``fired`` at ``point``: the recorded instances are found again in the point's run
+    as its first instance (a decorator group's own call), or ``by_id`` (``fn`` as a whole)."""
+    probe = Probe(point, order)
+    try:
+        at = probe.at_point()
+    except Exception as e:  # the user's function: whatever it raises, the report says so
+        return [_row(f, order, NOT_CHECKED, f"running it on float64 copies of its inputs raised {e!r}")
+                for f in fired]
+    try:
+        samples = probe.nearby()
+        if samples is None:
+            return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
+                    for f in fired]
+        return _rows(point, fired, order, by_id, at, limits.estimate(samples))
+    finally:
+        at.recorder.release()
+
+
+def _rows(point: Point, fired: list[_Fired], order: int, by_id: bool, at: AtPoint,
+          found: limits.Limits) -> list[Row]:
+    rows = []
+    for f in fired:
+        again = at.instances.get(f.instance.id) if by_id else at.first
+        if again is None or again.name != f.instance.name:
+            rows.append(_row(f, order, NOT_CHECKED, "its run on float64 copies made no such instance"))
+            continue
+        reached = _reached(f.rule, again, at)
+        if reached is None:
+            rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
+                                                    "float64 copies (a special point made by float32's "
+                                                    "rounding or range)"))
+        elif not bool(reached.any()):
+            reason = "the elements it changed reach no input gradient"
+            if bool(at.nan.any()):
+                reason += (f" that is not NaN with the rules on (NaN e.g. at "
+                           f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
+            rows.append(_row(f, order, NOT_CHECKED, reason))
+        else:
+            rows.append(_verdict(f, order, point, at, found, reached))
+    return rows
+
+
+def _reached(rule: Rule, instance: GroupInstance, at: AtPoint) -> torch.Tensor | None:
+    """The input-gradient elements ``rule`` reaches in ``instance`` of the point's run; None if it
+    did not fire there."""
+    if isinstance(rule, Override):  # the whole gradient is the replacement's, NaN included
+        return torch.ones_like(at.nan) if instance.hits.get(rule.label) else None
+    sites = at.recorder.sites.get((id(instance), rule.label))
+    # A NaN elsewhere in the rules' gradient hides whether the rule's elements reach it.
+    return at.reach(sites) & ~at.nan if sites else None
+
+
+def _verdict(f: _Fired, order: int, point: Point, at: AtPoint, found: limits.Limits,
+             reached: torch.Tensor) -> Row:
+    compared = limits.compare(at.value, found, reached)
+    checked = int(compared.checked.sum())
+    unchecked = int(reached.sum()) - checked
+    inconsistent = bool(compared.inconsistent.any())
+    status = INCONSISTENT if inconsistent else NOT_CHECKED if unchecked else CONSISTENT
+    reason = ""
+    if not inconsistent and unchecked:
+        derivative = f"automatic {'gradient' if order == 1 else 'Hessian-vector product'}"
+        k, what = next((int(mask.nonzero()[0, 0]), what) for mask, what in (
+            (compared.no_limit, f"the {derivative} has no limit there along some direction"),
+            (compared.unbounded, f"the {derivative} grows without bound there (towards one side "
+                                 f"only, or the rules give inf - inf of its infinite terms, NaN)"),
+            (compared.outside, "every direction leaves the function's domain there")) if bool(mask.any()))
+        reason = (f"{unchecked} of the {unchecked + checked} elements it reaches cannot be checked, "
+                  f"e.g. {point.element(k)[0]}: {what}"
+                  + (f"; it is consistent at the other {checked}" if checked else ""))
+    if not checked:
+        return _row(f, order, status, reason)
+    k = _worst(compared, at.changed)
+    name, index, value = point.element(k)
+    return _row(f, order, status, reason, point=compared.kind, checked=checked,
+                difference=float(compared.excess[k]), tolerance=float(compared.tolerance[k]),
+                rule_value=float(at.value[k]), low=float(compared.low[k]), high=float(compared.high[k]),
+                input=name, index=index, input_value=value)
+
+
+def _worst(compared: limits.Comparison, changed: torch.Tensor) -> int:
+    """The element to show: the inconsistent one furthest outside the limits' range, for its
+    tolerance; where none is, the one where the rules changed the derivative most."""
+    if bool(compared.inconsistent.any()):
+        ratio = (compared.excess / compared.tolerance).nan_to_num(nan=torch.inf)
+        return int(torch.where(compared.inconsistent, ratio, -1.0).argmax())
+    return int(torch.where(compared.checked, changed, -1.0).argmax())
