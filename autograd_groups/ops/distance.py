@@ -36,6 +36,21 @@ def _squared_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return x1_.matmul(x2_.transpose(-2, -1))
 
 
+def _squared_bmm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``|x1|^2 + |x2|^2 - 2 x1.x2`` as one ``baddbmm`` over the inputs' own columns: compiled code's form.
+
+    Compiled, ATen's concatenated operands are two more matrices the backward keeps for its
+    products, and the products read a gradient scaled by -2 that inductor recomputes for the norms'
+    sums; here the products take the inputs and the square's gradient itself (``alpha`` scales their
+    results), which is written once. Eagerly ATen's form stays, for torch.cdist's values bit for bit.
+    """
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    a = x1.expand(*batch, *x1.shape[-2:]).reshape(-1, *x1.shape[-2:])
+    b = x2.expand(*batch, *x2.shape[-2:]).reshape(-1, *x2.shape[-2:])
+    squared = torch.baddbmm((a * a).sum(-1, keepdim=True), a, b.mT, alpha=-2)
+    return (squared + (b * b).sum(-1, keepdim=True).mT).reshape(*batch, x1.shape[-2], x2.shape[-2])
+
+
 def _root_of_clamped(squared: torch.Tensor) -> torch.Tensor:
     """``sqrt(clamp_min(squared, 0))`` with the clamp in place, outside autograd.
 
@@ -48,8 +63,8 @@ def _root_of_clamped(squared: torch.Tensor) -> torch.Tensor:
 
 
 def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """ATen's ``_euclidean_dist`` op for op: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
-    return _root_of_clamped(_squared_mm(x1, x2))
+    """ATen's ``_euclidean_dist``: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
+    return _root_of_clamped(_squared_bmm(x1, x2) if torch.compiler.is_compiling() else _squared_mm(x1, x2))
 
 
 @autograd_group("ops.cdist")
