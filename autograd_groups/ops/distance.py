@@ -180,7 +180,10 @@ def _upper_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 
 
 def _triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, cols = torch.triu_indices(n, n, 1, device=device)
+    # int32 where the flat indices fit: half the bytes the backward's gathers keep, and compiled
+    # code computes them without 64-bit vector arithmetic, which AVX2 emulates.
+    dtype = torch.int32 if n * n <= torch.iinfo(torch.int32).max else torch.int64
+    rows, cols = torch.triu_indices(n, n, 1, device=device, dtype=dtype)
     return rows, cols, rows * n + cols
 
 
