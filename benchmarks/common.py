@@ -47,7 +47,9 @@ def saved_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         storages[storage.data_ptr()] = storage.nbytes()
-        return t
+        # Detached: an op's own output, packed with its grad_fn, would hold its node in a cycle
+        # through C++ that the collector cannot see, and the whole graph would outlive the call.
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*args, **kwargs)
