@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import cdist as example  # noqa: E402
-from common import interleaved_medians, markdown_table  # noqa: E402
+from common import interleaved_medians, markdown_table, saved_bytes  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 
@@ -105,19 +105,6 @@ def step(fn, x1: torch.Tensor, x2: torch.Tensor, enabled: bool = True):
     return run
 
 
-def saved_bytes(fn, x1: torch.Tensor, x2: torch.Tensor, enabled: bool) -> int:
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ag.special_cases(enabled):
-        fn(x1, x2)
-    return total
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--repeats", type=int, default=0, help="default: 400 small, 25 large")
@@ -141,8 +128,9 @@ def main() -> None:
                   "on / off": medians["on"] / medians["off"],
                   "on / custom Function": medians["on"] / medians["custom"],
                   "floor / off": medians["floor"] / medians["off"]}
-        memory = saved_bytes(example.grouped_cdist, x1, x2, True) / saved_bytes(
-            example.grouped_cdist, x1, x2, False)
+        with ag.special_cases(False):
+            off_bytes = saved_bytes(example.grouped_cdist, x1, x2)
+        memory = saved_bytes(example.grouped_cdist, x1, x2) / off_bytes
         big = size[0] >= 100
         rows.append([str(size), f"{repeats}"] + [f"{medians[k] * 1e6:.1f}" for k in medians]
                     + [f"{ratios[k]:.3f}" + (f" (≤ {TARGETS[k][big]})" if k in TARGETS else "")

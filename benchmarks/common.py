@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmarks: interleaved repetitions, medians, a markdown table."""
+"""Helpers shared by the benchmarks: interleaved repetitions, medians, saved bytes, a markdown table."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import random
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
+
+import torch
 
 
 def interleaved_medians(variants: dict[str, Callable[[], object]], repeats: int,
@@ -32,3 +35,27 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def saved_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Bytes of the distinct storages that ``fn(*args, **kwargs)`` saves for its backward.
+
+    A storage counts once however many saved tensors view it (``x * x`` keeps one ``x``, an
+    expanded view keeps its small base); inputs count too, as native ops keep theirs."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        # Detached: an op's own output, packed with its grad_fn, would hold its node in a cycle
+        # through C++ that the collector cannot see, and the whole graph would outlive the call.
+        return t.detach()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args, **kwargs)
+    return sum(storages.values())
+
+
+def verdict(value: float, target: float) -> str:
+    """A measured ratio against its upper bound, as the target rows print it."""
+    return f"{value:.2f} (≤ {target}: {'met' if value <= target else 'MISSED'})"

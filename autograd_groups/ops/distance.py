@@ -36,9 +36,35 @@ def _squared_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return x1_.matmul(x2_.transpose(-2, -1))
 
 
+def _squared_bmm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``|x1|^2 + |x2|^2 - 2 x1.x2`` as one ``baddbmm`` over the inputs' own columns: compiled code's form.
+
+    Compiled, ATen's concatenated operands are two more matrices the backward keeps for its
+    products, and the products read a gradient scaled by -2 that inductor recomputes for the norms'
+    sums; here the products take the inputs and the square's gradient itself (``alpha`` scales their
+    results), which is written once. Eagerly ATen's form stays, for torch.cdist's values bit for bit.
+    """
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    a = x1.expand(*batch, *x1.shape[-2:]).reshape(-1, *x1.shape[-2:])
+    b = x2.expand(*batch, *x2.shape[-2:]).reshape(-1, *x2.shape[-2:])
+    squared = torch.baddbmm((a * a).sum(-1, keepdim=True), a, b.mT, alpha=-2)
+    return (squared + (b * b).sum(-1, keepdim=True).mT).reshape(*batch, x1.shape[-2], x2.shape[-2])
+
+
+def _root_of_clamped(squared: torch.Tensor) -> torch.Tensor:
+    """``sqrt(clamp_min(squared, 0))`` with the clamp in place, outside autograd.
+
+    A square clamped to 0 is a zero distance, where the sqrt rule gives the pair gradient 0: the
+    clamp's own backward would only repeat that, and keep the whole unclamped matrix to do it.
+    """
+    with torch.no_grad():
+        squared.clamp_min_(0)
+    return squared.sqrt()
+
+
 def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """ATen's ``_euclidean_dist`` op for op: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
-    return _squared_mm(x1, x2).clamp_min(0).sqrt()
+    """ATen's ``_euclidean_dist``: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
+    return _root_of_clamped(_squared_bmm(x1, x2) if torch.compiler.is_compiling() else _squared_mm(x1, x2))
 
 
 @autograd_group("ops.cdist")
@@ -140,7 +166,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
         # a third slower (512 rows x 34 against 32 columns).
         norms = (input * input).sum(-1, keepdim=True)
         squared = torch.addmm(norms, input, input.T, alpha=-2).add_(norms.T)
-        return squared.flatten().index_select(0, flat).clamp_min(0).sqrt()
+        return _root_of_clamped(squared.flatten().index_select(0, flat))
     return p_norm(input.index_select(0, rows) - input.index_select(0, cols), p, (-1,), False)
 
 
@@ -154,7 +180,10 @@ def _upper_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.T
 
 
 def _triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    rows, cols = torch.triu_indices(n, n, 1, device=device)
+    # int32 where the flat indices fit: half the bytes the backward's gathers keep, and compiled
+    # code computes them without 64-bit vector arithmetic, which AVX2 emulates.
+    dtype = torch.int32 if n * n <= torch.iinfo(torch.int32).max else torch.int64
+    rows, cols = torch.triu_indices(n, n, 1, device=device, dtype=dtype)
     return rows, cols, rows * n + cols
 
 

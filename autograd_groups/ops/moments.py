@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..groups.group import autograd_group
 from .norms import Dims, reduce_dims
@@ -20,10 +21,12 @@ def _variance(x: torch.Tensor, dims: tuple[int, ...], correction: float, keepdim
     shift = x.detach()  # a constant shift leaves the variance and its gradient unchanged
     for d in dims:
         shift = shift.narrow(d, 0, 1)
-    centered = x - shift
-    deviation = centered - centered.mean(dims, keepdim=True)
+    mean = shift + (x - shift).mean(dims, keepdim=True)
+    # The squared deviations as one op that keeps x itself and the small mean for its backward,
+    # where (d * d) keeps a new tensor of deviations, as large as x.
+    squares = F.mse_loss(x, mean.expand_as(x), reduction="none")
     count = math.prod([x.shape[d] for d in dims])  # a list: Dynamo cannot trace a generator here
-    return (deviation * deviation).sum(dims, keepdim=keepdim) / max(0, count - correction)
+    return squares.sum(dims, keepdim=keepdim) / max(0, count - correction)
 
 
 def _arguments(name: str, dim: Dims | bool, unbiased: bool | None,
