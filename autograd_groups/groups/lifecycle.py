@@ -22,13 +22,13 @@ import torch
 
 from .. import nodes
 from ..errors import GroupError
+from ..instance import GroupInstance
 from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
 from .claims import CLAIM, Claim
-from .instance import GroupInstance
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group

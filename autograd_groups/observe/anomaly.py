@@ -34,7 +34,7 @@ from .. import nodes
 from ..errors import NonFiniteError
 from ..frames import user_frame
 from ..groups.claims import CLAIM
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 
 _lock = threading.Lock()
 _depth = 0

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
 from ..errors import RuleError
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from . import levels

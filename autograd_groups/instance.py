@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 import torch
 
-from ..observe import counters
-from ..rules.registry import RuleSet
-from ..sites.tangents import transposing
+from .observe import counters
+from .rules.registry import RuleSet
+from .sites.tangents import transposing
 
 
 class Session(Protocol):
