@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import nodes
+from ..claims import CLAIM, Claim
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, subgraph, tracer
@@ -28,7 +29,6 @@ from ..rules import registry
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
-from .claims import CLAIM, Claim
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group

@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from .. import flag
+from ..claims import CLAIM
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, subgraph, tracer
 from ..rules import registry
 from ..sites import tangents
 from ..sites.levels import graph_roots
 from . import compiled
-from .claims import CLAIM
 from .lifecycle import COMPILED, caller, install_rules, observers, open_instances
 
 

@@ -31,9 +31,9 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.overrides import TorchFunctionMode
 
 from .. import nodes
+from ..claims import CLAIM
 from ..errors import NonFiniteError
 from ..frames import user_frame
-from ..groups.claims import CLAIM
 from ..instance import GroupInstance
 
 _lock = threading.Lock()

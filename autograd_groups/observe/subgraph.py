@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..groups.claims import CLAIM, OUTSIDE
+from ..claims import CLAIM, OUTSIDE
 from ..instance import GroupInstance
 from . import tracer
 

@@ -3,7 +3,7 @@ rules were applied to it, so nested groups and tagged chains can see each other'
 
 from __future__ import annotations
 
-from ..instance import GroupInstance
+from .instance import GroupInstance
 
 CLAIM = "autograd_groups"
 # A node outside an instance that traced instances drew as an input: its one vertex id, and who drew it.
