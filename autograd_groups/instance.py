@@ -12,7 +12,6 @@ import torch
 
 from .observe import counters
 from .rules.registry import RuleSet
-from .sites.tangents import transposing
 
 
 class Session(Protocol):
@@ -35,7 +34,7 @@ class GroupInstance:
     """
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
-                 session: Session | None, where: tuple[str, int], watched: bool) -> None:
+                 session: Session | None, where: tuple[str, int], watched: bool, transposed: bool) -> None:
         self.name = name
         self.watched = watched
         self.rules = rules
@@ -57,8 +56,8 @@ class GroupInstance:
         self._task = -1
         self.hooks_pushed = False
         #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
-        #: decided here, at forward time, for the hooks that run on the engine's threads.
-        self.transposed = transposing()
+        #: decided by the caller at forward time, for the hooks that run on the engine's threads.
+        self.transposed = transposed
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()

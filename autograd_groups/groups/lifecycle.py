@@ -29,6 +29,7 @@ from ..rules import registry
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
+from ..sites.tangents import transposing
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
@@ -106,7 +107,7 @@ def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInst
         return None
     stack = open_instances()
     parent = stack[-1] if stack else None
-    instance = GroupInstance(name, rules, enabled, parent, session, where, watched)
+    instance = GroupInstance(name, rules, enabled, parent, session, where, watched, transposing())
     if parent is not None:
         parent.nested = True
     stack.append(instance)

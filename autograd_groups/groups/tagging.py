@@ -81,7 +81,8 @@ def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> No
         session, watched = observers(name, enabled)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
-        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched)
+        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched,
+                                 tangents.transposing())
         if session is not None:
             session.add(instance)
     vertices = trace_tagged(instance, node) if instance.graph is not None else {}
