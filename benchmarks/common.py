@@ -32,3 +32,13 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+#: The columns of a target table: what is measured, the figures, the target, met or missed.
+TARGET_HEADER = ["target", "figure", "bound", "status"]
+
+
+def target_row(what: str, figures: list[float], bound: float, unit: str = "×") -> list[str]:
+    """A row of an issue's target table: met when every figure is at most ``bound``."""
+    status = "met" if all(f <= bound for f in figures) else "missed"
+    return [what, " / ".join(f"{f:.2f}{unit}" for f in figures), f"≤ {bound}{unit}", status]
