@@ -30,6 +30,7 @@ from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
 from ..sites.tangents import transposing
+from ..zero_passing import passes_zeros
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
@@ -188,6 +189,8 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         if claim is not None:
             subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
             nan_safe = None if claim.nan_safe else nan_safe
+        if nan_safe is not None and passes_zeros(node):
+            nan_safe = None
         vertex = vertices.get(id(node))
         if subgradients or nan_safe is not None:
             node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))

@@ -8,6 +8,7 @@ tensor is saved and no autograd node is added.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,10 +17,12 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
+from ..claims import CLAIM
 from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
+from ..zero_passing import passes_zeros
 from . import levels
 
 Grads = list[torch.Tensor | None]
@@ -199,7 +202,8 @@ def _protect_graph(instance: GroupInstance, node: Any, root: Any, boundary: list
             continue
         seen.add(id(current))
         held.append(current)
-        current.register_hook(SiteHook(instance, (), _FORMULA, None, current))
+        if not passes_zeros(current):
+            current.register_hook(SiteHook(instance, (), _FORMULA, None, current))
         stack.extend(child for child, _ in current.next_functions if child is not None)
 
 
@@ -215,28 +219,72 @@ def _value(rule: Subgradient, site: SiteHook, env: dict[str, Any]) -> Any:
 
 
 def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
-                   grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    """Zero every outgoing gradient element whose incoming gradients are all exactly zero;
-    return the masks of the elements it changed."""
+                   grad_outputs: Sequence[torch.Tensor | None], traced: bool) -> int:
+    """Zero every outgoing gradient element whose incoming gradients are all exactly zero; return
+    the number of elements it changed where ``traced`` (a reduction per gradient), else 0.
+
+    Where an incoming element is exactly zero, the outgoing element a backward computes from it is
+    zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
+    ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
+    be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
+    graph that differentiates this backward, one sum tells.
+    """
     incoming = [g for g in grad_outputs if g is not None]
-    changed: list[torch.Tensor] = []
     if not incoming:
-        return changed
-    elementwise = len(incoming) == 1 and nodes.is_pointwise_class(site.node_class)
+        return 0
+    look = site.linear and _may_look(incoming[0])
+    elementwise = len(incoming) == 1 and site.elementwise
+    changed = 0
+    zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     for i, grad in enumerate(grads):
-        if grad is None:
+        if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
             continue
-        if elementwise and _fits(grad.shape, incoming[0].shape):
-            silent = incoming[0] == 0 if grad.shape == incoming[0].shape \
-                else (incoming[0] != 0).sum_to_size(grad.shape) == 0
-            fix = silent & (grad != 0)
+        same = elementwise and grad.shape == incoming[0].shape
+        if (same and look and not traced and grad.dtype == incoming[0].dtype and grad.dtype in _BITS
+                and _owned(grad, grad_outputs)):
+            _zero_bits(grad, incoming[0])
+            continue
+        if same:
+            zero = incoming[0] == 0 if zero is None else zero
+            silent = zero
+        elif elementwise and _fits(grad.shape, incoming[0].shape):
+            silent = (incoming[0] != 0).sum_to_size(grad.shape) == 0
         else:
             silent = torch.stack([g.eq(0).all() for g in incoming]).all()
-            fix = silent & (grad != 0)
+        # Only the non-zero elements: a gradient that is 0 already keeps its own derivative.
+        fix = silent & (grad != 0)
+        if traced:
+            changed += int(fix.sum())
         _protect_formula(site.instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
-        changed.append(fix)
     return changed
+
+
+def _may_look(grad: torch.Tensor) -> bool:
+    """Whether a hook may read the values of gradients like ``grad`` to skip work: a CPU tensor
+    with storage, in a backward no graph differentiates, that no compiler or ``torch.func``
+    transform traces (reading a value would break their graphs or stall a device)."""
+    return (grad.device.type == "cpu" and not torch.is_grad_enabled() and type(grad) is torch.Tensor
+            and not torch.compiler.is_compiling() and peek_interpreter_stack() is None
+            and torch._C._has_storage(grad))
+
+
+#: Per floating dtype: the integer dtype of its bits, and the mask of all bits but the sign.
+_BITS = {torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF), torch.float32: (torch.int32, 0x7FFF_FFFF),
+         torch.float16: (torch.int16, 0x7FFF), torch.bfloat16: (torch.int16, 0x7FFF)}
+
+
+def _zero_bits(grad: torch.Tensor, incoming: torch.Tensor) -> None:
+    """Set ``grad`` to 0 where ``incoming`` is ±0, in place, with integer ops on their bits.
+
+    The same as ``grad.masked_fill_(incoming == 0, 0)``, NaN kept where ``incoming`` is not 0, at
+    about half its cost on the CPU, where a bool mask and a select are slow kernels (measured in
+    docs/performance.md, "NaN-safe groups").
+    """
+    bits, magnitude = _BITS[grad.dtype]
+    keep = incoming.view(bits) & magnitude  # 0 exactly where incoming is ±0
+    keep.clamp_(max=1).neg_()  # then all bits set where incoming is not 0
+    grad.view(bits).bitwise_and_(keep)
 
 
 def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
@@ -264,7 +312,8 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "captured")
+    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "linear", "elementwise",
+                 "captured")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
@@ -273,6 +322,11 @@ class SiteHook:
         self.nan_safe = nan_safe
         self.vertex = vertex
         self.node_class: type = type(node)
+        #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those
+        #: of a generated backward that no subgradient rule (of any group) changed before.
+        self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
+                       and not getattr(node.metadata.get(CLAIM), "ruled", None))
+        self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
         self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients)))
 
     @property
@@ -293,20 +347,18 @@ class SiteHook:
         # Compiled autograd traces the hook with Dynamo, without the node (see capture).
         node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
+        traced = counted and instance.graph is not None
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs)
             if counted:
-                self._count(rule, [mask])
+                self._count(rule, int(mask.sum()) if traced else 0)
         if self.nan_safe is not None:
-            masks = apply_nan_safe(self, node, grads, grad_outputs)
+            changed = apply_nan_safe(self, node, grads, grad_outputs, traced)
             if counted:
-                self._count(self.nan_safe, masks)
+                self._count(self.nan_safe, changed)
         return tuple(grads)
 
-    def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
-        if self.instance.graph is None:
-            counters.count_rule(self.instance.name, rule.label, rule.kind)
-            return
-        elements = sum(int(m.sum()) for m in masks)
+    def _count(self, rule: Subgradient | NanSafe, elements: int) -> None:
         counters.count_rule(self.instance.name, rule.label, rule.kind, elements)
-        self.instance.record_hit(self.vertex, rule.label, elements)
+        if self.instance.graph is not None:
+            self.instance.record_hit(self.vertex, rule.label, elements)
