@@ -33,6 +33,11 @@ class GroupInstance:
     of elements each rule changed in this instance (counted while traced).
     """
 
+    # Slots: an instance is made on every call of a group, on its hot path.
+    __slots__ = ("name", "watched", "rules", "enabled", "parent", "id", "graph", "inputs", "outputs", "hits",
+                 "session", "nested", "merged_into", "_where", "_task", "hooks_pushed", "transposed",
+                 "forward_check", "_start")
+
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
                  session: Session | None, where: tuple[str, int], watched: bool, transposed: bool) -> None:
         self.name = name

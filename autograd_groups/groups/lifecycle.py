@@ -191,7 +191,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             nan_safe = None if claim.nan_safe else nan_safe
         if nan_safe is not None and passes_zeros(node):
             nan_safe = None
-        vertex = vertices.get(id(node))
+        vertex = vertices.get(id(node)) if traced else None
         if subgradients or nan_safe is not None:
             node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))
             if traced:
@@ -202,7 +202,8 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             continue
         if claim is None:
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
-        claim.ruled.update(r.op_key for r in subgradients)
+        if subgradients:
+            claim.ruled.update(r.op_key for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)

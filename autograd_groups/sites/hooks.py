@@ -48,9 +48,8 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     Never while a compiler traces it, nor for a tensor subclass: the fake and functional tensors it
     traces with have no data pointer, and an out-of-place select is what it fuses anyway. Never for batched
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
-    if (torch.compiler.is_compiling() or type(grad) is not torch.Tensor or grad._base is not None
-            or torch.is_grad_enabled()
-            or not grad.is_contiguous() or not torch._C._has_storage(grad)):
+    if (type(grad) is not torch.Tensor or grad._base is not None or torch.is_grad_enabled()
+            or torch.compiler.is_compiling() or not grad.is_contiguous() or not torch._C._has_storage(grad)):
         return False
     pointer = grad.data_ptr()
     return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
@@ -65,7 +64,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     """
     instance = site.instance
     targets = range(len(grads)) if rule.input is None else (rule.input,)
-    if all(i >= len(grads) or grads[i] is None for i in targets):
+    if not any(grads[i] is not None for i in targets if i < len(grads)):
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
         # saved values autograd may not have kept): the rule has nothing to do.
         return torch.zeros((), dtype=torch.bool)
@@ -132,14 +131,19 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     return mask
 
 
+#: The smallest mask worth counting before a fill (see _may_set).
+_COUNTED = 4096
+
+
 def _may_set(mask: torch.Tensor) -> bool:
     """False where ``mask`` is known to set nothing: a CPU mask with no true element.
 
-    A rule usually fires nowhere, and on the CPU counting the mask's true elements costs a sixth
-    of a fill that changes nothing (1M elements: 0.3 ms against 1.9 ms). On an accelerator the
-    count would make the host wait for the device, so there the fill always runs.
+    A rule usually fires nowhere, and on the CPU counting a large mask's true elements costs a
+    fifth of a fill that changes nothing; below a few thousand elements the count costs as much
+    as the fill (docs/performance.md, "Per-call overhead"), so it is not made. On an accelerator
+    the count would make the host wait for the device, so there the fill always runs.
     """
-    return mask.device.type != "cpu" or bool(torch.count_nonzero(mask))
+    return mask.device.type != "cpu" or mask.numel() < _COUNTED or bool(torch.count_nonzero(mask))
 
 
 def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
@@ -327,7 +331,8 @@ class SiteHook:
         self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
                        and not getattr(node.metadata.get(CLAIM), "ruled", None))
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
-        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients)))
+        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients))) if subgradients \
+            else {}
 
     @property
     def op(self) -> str:
@@ -342,10 +347,11 @@ class SiteHook:
             return None
         if counted:
             instance.note_backward()
+            node: Any = torch._C._current_autograd_node()
         else:
             counters.count_compiled(instance.name)
-        # Compiled autograd traces the hook with Dynamo, without the node (see capture).
-        node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
+            # Compiled autograd traces the hook with Dynamo, without the node (see capture).
+            node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
         traced = counted and instance.graph is not None
         for rule in self.subgradients:
