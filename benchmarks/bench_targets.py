@@ -49,6 +49,11 @@ def rodrigues(v: torch.Tensor) -> torch.Tensor:
     small = theta2 < 1e-8
     a = torch.where(small, 1 - theta2 / 6, torch.sin(theta) / theta)
     b = torch.where(small, 0.5 - theta2 / 24, (1 - torch.cos(theta)) / theta2)
+    return _rotation(v, a, b)
+
+
+def _rotation(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``I + a K + b K²`` for the skew matrices ``K`` of ``v``."""
     x, y, z = v.unbind(-1)
     zero = torch.zeros_like(x)
     k = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*v.shape[:-1], 3, 3)
@@ -62,10 +67,7 @@ def rodrigues_double_where(v: torch.Tensor) -> torch.Tensor:
     theta = torch.sqrt(torch.where(small, 1.0, theta2))
     a = torch.where(small, 1 - theta2 / 6, torch.sin(theta) / theta)
     b = torch.where(small, 0.5 - theta2 / 24, (1 - torch.cos(theta)) / theta ** 2)
-    x, y, z = v.unbind(-1)
-    zero = torch.zeros_like(x)
-    k = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*v.shape[:-1], 3, 3)
-    return torch.eye(3, dtype=v.dtype) + a.unsqueeze(-1) * k + b.unsqueeze(-1) * (k @ k)
+    return _rotation(v, a, b)
 
 
 def norm3(x: torch.Tensor) -> torch.Tensor:
@@ -132,26 +134,29 @@ def ratio(fn: Callable[[torch.Tensor], torch.Tensor], base: Callable[[torch.Tens
     return medians["fn"] / medians["base"]
 
 
-def entropy_row(grouped: dict[str, Callable[[torch.Tensor], torch.Tensor]], reps: Callable[[bool], int],
-                ) -> list[str]:
-    sizes = [probabilities(256), probabilities(4096)]
-    for p in sizes:
-        check("the NaN-safe entropy", grouped["entropy"], entropy_double_where, p)
-    figures = [ratio(grouped["entropy"], entropy_double_where, p, reps(p.shape[0] > 256)) for p in sizes]
-    return target_row("NaN-safe entropy vs double where, (256, 64) / (4096, 64)", figures, 1.3)
+Fn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def rodrigues_row(grouped: dict[str, Callable[[torch.Tensor], torch.Tensor]], reps: Callable[[bool], int],
-                  ) -> list[str]:
-    batches = [rotations(64), rotations(4096)]
-    for v in batches:
-        check("the NaN-safe Rodrigues", grouped["rodrigues"], rodrigues_double_where, v)
-    figures = [ratio(grouped["rodrigues"], rodrigues, v, reps(v.shape[0] > 64)) for v in batches]
-    return target_row("NaN-safe Rodrigues vs no group, batch 64 / 4096", figures, 1.3)
+def _nan_safe_row(what: str, grouped: Fn, base: Fn, reference: Fn, small: torch.Tensor,
+                  large: torch.Tensor, reps: Callable[[bool], int]) -> list[str]:
+    for x in (small, large):
+        check(what, grouped, reference, x)
+    figures = [ratio(grouped, base, small, reps(False)), ratio(grouped, base, large, reps(True))]
+    return target_row(what, figures, 1.3)
 
 
-def norm3_row(grouped: dict[str, Callable[[torch.Tensor], torch.Tensor]], reps: Callable[[bool], int],
-              ) -> list[str]:
+def entropy_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
+    return _nan_safe_row("NaN-safe entropy vs double where, (256, 64) / (4096, 64)", grouped["entropy"],
+                         entropy_double_where, entropy_double_where, probabilities(256), probabilities(4096),
+                         reps)
+
+
+def rodrigues_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
+    return _nan_safe_row("NaN-safe Rodrigues vs no group, batch 64 / 4096", grouped["rodrigues"], rodrigues,
+                         rodrigues_double_where, rotations(64), rotations(4096), reps)
+
+
+def norm3_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
     x = vectors()
     check("the 3-op group", grouped["norm3"], norm3_reference, x)
     return target_row("3-op group sqrt(sum(x*x)), (4, 3), rules on vs plain",

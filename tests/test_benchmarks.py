@@ -74,3 +74,14 @@ def test_the_targets_reference_checks_fail_for_other_gradients() -> None:
     p = bench.probabilities(8)
     with pytest.raises(SystemExit, match="bench_targets: the plain entropy computes other values"):
         bench.check("the plain entropy", bench.entropy, bench.entropy_double_where, p)
+
+
+def test_profile_call_prints_every_phase_and_the_kernels() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_call.py"), "--calls", "20"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    phases = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| f")
+              or line.startswith("| b")]
+    assert phases == ["forward, ops", "forward, entry", "forward, open", "forward, walk",
+                      "forward, hook install", "backward, engine", "backward, hook", "forward + backward"]
+    assert done.stdout.count("| zero where incoming is 0") == 2

@@ -99,18 +99,21 @@ def test_a_node_whose_backward_reads_saved_values_gets_a_hook(name: str) -> None
     assert not passes_zeros(node), type(node).__name__
 
 
+class _Constant(torch.autograd.Function):
+    """A backward that ignores its incoming gradient: not linear in it."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return torch.ones_like(grad)
+
+
 def test_a_custom_function_is_hooked() -> None:
-    class Identity(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):  # type: ignore[override]
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, grad):  # type: ignore[override]
-            return grad
-
     x = torch.ones(2, requires_grad=True)
-    assert not passes_zeros(Identity.apply(x).grad_fn)
+    assert not passes_zeros(_Constant.apply(x).grad_fn)
 
 
 def test_only_the_nodes_that_can_make_nan_are_rule_sites() -> None:
@@ -129,18 +132,6 @@ def test_only_the_nodes_that_can_make_nan_are_rule_sites() -> None:
     positive = p.detach() > 0
     torch.testing.assert_close(p.grad, torch.where(positive, -(p.detach().log() + 1), 0.0))
     assert ag.stats()["sites.entropy"]["rules"]["nan_safe"]["elements"] == 4  # 2 zeros, at mul and log
-
-
-class _Constant(torch.autograd.Function):
-    """A backward that ignores its incoming gradient: not linear in it."""
-
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        return torch.ones_like(grad)
 
 
 @pytest.mark.parametrize("create_graph", [False, True])
