@@ -17,8 +17,8 @@ from .errors import (
 )
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
 from .groups.group import autograd_group
-from .groups.instance import GroupInstance
 from .groups.tagging import tag
+from .instance import GroupInstance
 from .observe.anomaly import detect_nonfinite
 from .observe.counters import reset_stats, stats
 from .observe.tracer import Trace, trace

@@ -115,6 +115,12 @@ def node_op(node: object) -> str:
     return op_name_of_class(type(node).__name__)
 
 
+def is_generated_class(node_class: type) -> bool:
+    """Whether autograd generates this node class from an op's derivative formula (not a custom
+    ``autograd.Function``): its backward is then a linear function of the incoming gradient."""
+    return getattr(torch._C._functions, node_class.__name__, None) is node_class
+
+
 def is_pointwise_class(node_class: type) -> bool:
     """Whether the op of an autograd node class is elementwise (ATen's ``pointwise`` tag)."""
     info = catalogue().get(_class_key(node_class))

@@ -59,3 +59,13 @@ def saved_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 def verdict(value: float, target: float) -> str:
     """A measured ratio against its upper bound, as the target rows print it."""
     return f"{value:.2f} (≤ {target}: {'met' if value <= target else 'MISSED'})"
+
+
+#: The columns of a target table: what is measured, the figures, the target, met or missed.
+TARGET_HEADER = ["target", "figure", "bound", "status"]
+
+
+def target_row(what: str, figures: list[float], bound: float, unit: str = "×") -> list[str]:
+    """A row of an issue's target table: met when every figure is at most ``bound``."""
+    status = "met" if all(f <= bound for f in figures) else "missed"
+    return [what, " / ".join(f"{f:.2f}{unit}" for f in figures), f"≤ {bound}{unit}", status]

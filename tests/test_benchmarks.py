@@ -36,3 +36,52 @@ def test_the_floor_variant_is_checked_against_the_group() -> None:
     with pytest.raises(SystemExit, match="bench_core: plain computes other gradients than the group"):
         bench_core.same_gradients({"group": bench_core.example.grouped_cdist,
                                    "plain": bench_core.example.euclidean_cdist}, x1, x2)
+
+
+def _bench_module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_bench_targets_prints_each_target_with_met_or_missed() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_targets.py"), "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "×" in line]
+    assert [row[0] for row in rows] == ["| NaN-safe entropy vs double where, (256, 64) / (4096, 64)",
+                                        "| NaN-safe Rodrigues vs no group, batch 64 / 4096",
+                                        "| 3-op group sqrt(sum(x*x)), (4, 3), rules on vs plain"]
+    assert [row[2] for row in rows] == ["≤ 1.3×", "≤ 1.3×", "≤ 1.6×"]
+    assert all(row[3] in ("met |", "missed |") for row in rows)
+
+
+def test_target_row_is_met_only_when_every_figure_is_within_the_bound() -> None:
+    common = _bench_module("common")
+    assert common.target_row("x", [1.2, 1.3], 1.3) == ["x", "1.20× / 1.30×", "≤ 1.3×", "met"]
+    assert common.target_row("x", [1.2, 1.31], 1.3)[3] == "missed"
+
+
+def test_the_targets_reference_checks_fail_for_other_gradients() -> None:
+    """The NaN-safe variants are compared with double-where references that agree with them."""
+    bench = _bench_module("bench_targets")
+    v = bench.rotations(16)
+    bench.check("rodrigues", bench.rodrigues_double_where, bench.rodrigues_double_where, v)
+    with pytest.raises(SystemExit, match="bench_targets: the plain body computes other values"):
+        bench.check("the plain body", bench.rodrigues, bench.rodrigues_double_where, v)
+    p = bench.probabilities(8)
+    with pytest.raises(SystemExit, match="bench_targets: the plain entropy computes other values"):
+        bench.check("the plain entropy", bench.entropy, bench.entropy_double_where, p)
+
+
+def test_profile_call_prints_every_phase_and_the_kernels() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_call.py"), "--calls", "20"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    phases = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| f")
+              or line.startswith("| b")]
+    assert phases == ["forward, ops", "forward, entry", "forward, open", "forward, walk",
+                      "forward, hook install", "backward, engine", "backward, hook", "forward + backward"]
+    assert done.stdout.count("| zero where incoming is 0") == 2

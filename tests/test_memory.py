@@ -20,7 +20,7 @@ from reliability_models import cdist, euclidean_cdist, register_rules, safe_norm
 from torch.utils.checkpoint import checkpoint
 
 import autograd_groups as ag
-from autograd_groups.groups.instance import GroupInstance
+from autograd_groups.instance import GroupInstance
 from autograd_groups.observe.tracer import Trace
 from autograd_groups.sites.hooks import SiteHook
 from autograd_groups.sites.saved import _Packed

@@ -14,13 +14,13 @@ from torch.overrides import TorchFunctionMode
 
 from .. import flag
 from ..errors import GroupError
+from ..instance import GroupInstance
 from ..rules import registry
 from ..rules.kinds import OverrideContext
 from ..sites import tangents
 from ..sites.levels import graph_roots
 from ..sites.override import run_override
 from . import compiled
-from .instance import GroupInstance
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
 
 F = TypeVar("F", bound=Callable[..., Any])

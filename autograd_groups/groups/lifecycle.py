@@ -22,14 +22,16 @@ from typing import Any
 import torch
 
 from .. import frames, nodes
+from ..claims import CLAIM, Claim
 from ..errors import GroupError, InertRuleWarning
-from ..observe import anomaly, counters, inputs, subgraph, tracer
+from ..instance import GroupInstance
+from ..observe import anomaly, counters, inputs, recording, subgraph, tracer
 from ..rules import registry
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
-from .claims import CLAIM, Claim
-from .instance import GroupInstance
+from ..sites.tangents import linear_levels, transposing
+from ..zero_passing import passes_zeros
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
@@ -109,7 +111,8 @@ def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInst
         return None
     stack = open_instances()
     parent = stack[-1] if stack else None
-    instance = GroupInstance(name, rules, enabled, parent, session, where, watched)
+    instance = GroupInstance(name, rules, enabled, parent, session, where, watched, transposing(),
+                             linear_levels(), recording.active() if session is not None else None)
     if parent is not None:
         parent.nested = True
     stack.append(instance)
@@ -206,7 +209,9 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         if claim is not None:
             subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
             nan_safe = None if claim.nan_safe else nan_safe
-        vertex = vertices.get(id(node))
+        if nan_safe is not None and passes_zeros(node):
+            nan_safe = None
+        vertex = vertices.get(id(node)) if traced else None
         if subgradients or nan_safe is not None:
             node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))
             if traced:
@@ -217,7 +222,8 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             continue
         if claim is None:
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
-        claim.ruled.update(r.op_key for r in subgradients)
+        if subgradients:
+            claim.ruled.update(r.op_key for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)

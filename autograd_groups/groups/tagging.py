@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from .. import flag
-from ..observe import anomaly, counters, subgraph, tracer
+from ..claims import CLAIM
+from ..instance import GroupInstance
+from ..observe import anomaly, counters, recording, subgraph, tracer
 from ..rules import registry
 from ..sites import tangents
 from ..sites.levels import graph_roots
 from . import compiled
-from .claims import CLAIM
-from .instance import GroupInstance
 from .lifecycle import COMPILED, caller, install_rules, observers, open_instances
 
 
@@ -81,7 +81,9 @@ def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> No
         session, watched = observers(name, enabled, where)
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
-        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched)
+        instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched,
+                                 tangents.transposing(), tangents.linear_levels(),
+                                 recording.active() if session is not None else None)
         if session is not None:
             session.add(instance)
     vertices = trace_tagged(instance, node) if instance.graph is not None else {}

@@ -35,10 +35,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import nodes
+from ..claims import CLAIM
 from ..errors import NonFiniteError
 from ..frames import user_frame
-from ..groups.claims import CLAIM
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 
 _lock = threading.Lock()
 _depth = 0

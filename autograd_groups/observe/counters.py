@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..instance import GroupInstance
 from ..rules import registry
 
 #: Where an instance was created: ``(file, line)``, as :attr:`GroupInstance.site`.
@@ -73,6 +74,12 @@ def count_backward(name: str, site: Site) -> None:
     """One more backward pass reached an instance of ``name`` created at ``site``."""
     with _lock:
         _site(name, site).backward_passes += 1
+
+
+def note_backward(instance: GroupInstance) -> None:
+    """Count the backward pass running now at ``instance``, once (its rule sites call this)."""
+    if instance.new_pass():
+        count_backward(instance.name, instance.site)
 
 
 def count_nonfinite(name: str, site: Site) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 from ..sites import levels
 from . import counters
 

@@ -21,7 +21,7 @@ import torch
 
 from .. import flag
 from ..errors import GroupError
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 from ..rules.kinds import NanSafe
 from . import limits, tracer
 from .recording import Recorder, Site, recording

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..groups.claims import CLAIM, OUTSIDE
-from ..groups.instance import GroupInstance
+from ..claims import CLAIM, OUTSIDE
+from ..instance import GroupInstance
 from . import tracer
 
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 
 from .. import nodes
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 
 
 def describe(node: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from .. import nodes
 from ..errors import GroupError
 from ..frames import user_line
 from ..groups.group import autograd_group
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 from ..rules.kinds import Override, Rule, Subgradient
 from ..sites.hooks import second_order_untold
 from . import counters, limits, tracer

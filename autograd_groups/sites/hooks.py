@@ -9,6 +9,7 @@ tensor is saved and no autograd node is added.
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,11 +19,13 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
+from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
-from ..groups.instance import GroupInstance
+from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
+from ..zero_passing import passes_zeros
 from . import levels
 
 Grads = list[torch.Tensor | None]
@@ -48,9 +51,8 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     Never while a compiler traces it, nor for a tensor subclass: the fake and functional tensors it
     traces with have no data pointer, and an out-of-place select is what it fuses anyway. Never for batched
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
-    if (torch.compiler.is_compiling() or type(grad) is not torch.Tensor or grad._base is not None
-            or torch.is_grad_enabled()
-            or not grad.is_contiguous() or not torch._C._has_storage(grad)):
+    if (type(grad) is not torch.Tensor or grad._base is not None or torch.is_grad_enabled()
+            or torch.compiler.is_compiling() or not grad.is_contiguous() or not torch._C._has_storage(grad)):
         return False
     pointer = grad.data_ptr()
     return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
@@ -65,7 +67,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     """
     instance = site.instance
     targets = range(len(grads)) if rule.input is None else (rule.input,)
-    if all(i >= len(grads) or grads[i] is None for i in targets):
+    if not any(grads[i] is not None for i in targets if i < len(grads)):
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
         # saved values autograd may not have kept): the rule has nothing to do.
         return torch.zeros((), dtype=torch.bool)
@@ -132,14 +134,19 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     return mask
 
 
+#: The smallest mask worth counting before a fill (see _may_set).
+_COUNTED = 4096
+
+
 def _may_set(mask: torch.Tensor) -> bool:
     """False where ``mask`` is known to set nothing: a CPU mask with no true element.
 
-    A rule usually fires nowhere, and on the CPU counting the mask's true elements costs a sixth
-    of a fill that changes nothing (1M elements: 0.3 ms against 1.9 ms). On an accelerator the
-    count would make the host wait for the device, so there the fill always runs.
+    A rule usually fires nowhere, and on the CPU counting a large mask's true elements costs a
+    fifth of a fill that changes nothing; below a few thousand elements the count costs as much
+    as the fill (docs/performance.md, "Per-call overhead"), so it is not made. On an accelerator
+    the count would make the host wait for the device, so there the fill always runs.
     """
-    return mask.device.type != "cpu" or bool(torch.count_nonzero(mask))
+    return mask.device.type != "cpu" or mask.numel() < _COUNTED or bool(torch.count_nonzero(mask))
 
 
 def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
@@ -202,7 +209,8 @@ def _protect_graph(instance: GroupInstance, node: Any, root: Any, boundary: list
             continue
         seen.add(id(current))
         held.append(current)
-        current.register_hook(SiteHook(instance, (), _FORMULA, None, current))
+        if not passes_zeros(current):
+            current.register_hook(SiteHook(instance, (), _FORMULA, None, current))
         stack.extend(child for child, _ in current.next_functions if child is not None)
 
 
@@ -218,28 +226,72 @@ def _value(rule: Subgradient, site: SiteHook, env: dict[str, Any]) -> Any:
 
 
 def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
-                   grad_outputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
-    """Zero every outgoing gradient element whose incoming gradients are all exactly zero;
-    return the masks of the elements it changed."""
+                   grad_outputs: Sequence[torch.Tensor | None], traced: bool) -> list[torch.Tensor]:
+    """Zero every outgoing gradient element whose incoming gradients are all exactly zero; return
+    the masks of the elements it changed (none for a gradient zeroed in place on its bits, which
+    is done only where nobody counts: not ``traced``, no graph differentiating this backward).
+
+    Where an incoming element is exactly zero, the outgoing element a backward computes from it is
+    zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
+    ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
+    be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
+    graph that differentiates this backward, one sum tells.
+    """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []
     if not incoming:
         return changed
-    elementwise = len(incoming) == 1 and nodes.is_pointwise_class(site.node_class)
+    look = site.linear and _may_look(incoming[0])
+    elementwise = len(incoming) == 1 and site.elementwise
+    zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     for i, grad in enumerate(grads):
-        if grad is None:
+        if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
             continue
-        if elementwise and _fits(grad.shape, incoming[0].shape):
-            silent = incoming[0] == 0 if grad.shape == incoming[0].shape \
-                else (incoming[0] != 0).sum_to_size(grad.shape) == 0
-            fix = silent & (grad != 0)
+        same = elementwise and grad.shape == incoming[0].shape
+        if (same and look and not traced and grad.dtype == incoming[0].dtype and grad.dtype in _BITS
+                and _owned(grad, grad_outputs)):
+            _zero_bits(grad, incoming[0])
+            continue
+        if same:
+            zero = incoming[0] == 0 if zero is None else zero
+            silent = zero
+        elif elementwise and _fits(grad.shape, incoming[0].shape):
+            silent = (incoming[0] != 0).sum_to_size(grad.shape) == 0
         else:
             silent = torch.stack([g.eq(0).all() for g in incoming]).all()
-            fix = silent & (grad != 0)
+        # Only the non-zero elements: a gradient that is 0 already keeps its own derivative.
+        fix = silent & (grad != 0)
+        changed.append(fix)
         _protect_formula(site.instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
-        changed.append(fix)
     return changed
+
+
+def _may_look(grad: torch.Tensor) -> bool:
+    """Whether a hook may read the values of gradients like ``grad`` to skip work: a CPU tensor
+    with storage, in a backward no graph differentiates, that no compiler or ``torch.func``
+    transform traces (reading a value would break their graphs or stall a device)."""
+    return (grad.device.type == "cpu" and not torch.is_grad_enabled() and type(grad) is torch.Tensor
+            and not torch.compiler.is_compiling() and peek_interpreter_stack() is None
+            and torch._C._has_storage(grad))
+
+
+#: Per floating dtype: the integer dtype of its bits, and the mask of all bits but the sign.
+_BITS = {torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF), torch.float32: (torch.int32, 0x7FFF_FFFF),
+         torch.float16: (torch.int16, 0x7FFF), torch.bfloat16: (torch.int16, 0x7FFF)}
+
+
+def _zero_bits(grad: torch.Tensor, incoming: torch.Tensor) -> None:
+    """Set ``grad`` to 0 where ``incoming`` is ±0, in place, with integer ops on their bits.
+
+    The same as ``grad.masked_fill_(incoming == 0, 0)``, NaN kept where ``incoming`` is not 0, at
+    about half its cost on the CPU, where a bool mask and a select are slow kernels (measured in
+    docs/performance.md, "NaN-safe groups").
+    """
+    bits, magnitude = _BITS[grad.dtype]
+    keep = incoming.view(bits) & magnitude  # 0 exactly where incoming is ±0
+    keep.clamp_(max=1).neg_()  # then all bits set where incoming is not 0
+    grad.view(bits).bitwise_and_(keep)
 
 
 def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
@@ -307,7 +359,8 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "captured")
+    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "linear", "elementwise",
+                 "captured")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
@@ -316,7 +369,13 @@ class SiteHook:
         self.nan_safe = nan_safe
         self.vertex = vertex
         self.node_class: type = type(node)
-        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients)))
+        #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those
+        #: of a generated backward that no subgradient rule (of any group) changed before.
+        self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
+                       and not getattr(node.metadata.get(CLAIM), "ruled", None))
+        self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
+        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients))) if subgradients \
+            else {}
 
     @property
     def op(self) -> str:
@@ -330,12 +389,14 @@ class SiteHook:
         if not flag.backward_state().for_group(instance.name):
             return None
         if counted:
-            instance.note_backward()
+            counters.note_backward(instance)
+            node: Any = torch._C._current_autograd_node()
         else:
             counters.count_compiled(instance.name)
-        # Compiled autograd traces the hook with Dynamo, without the node (see capture).
-        node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
+            # Compiled autograd traces the hook with Dynamo, without the node (see capture).
+            node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
+        traced = counted and instance.graph is not None
         # Read before the rules replace them: whether a graph will differentiate what they give
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and torch.is_grad_enabled() and any(
@@ -343,23 +404,24 @@ class SiteHook:
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs)
             if counted:
-                self._count(rule, [mask])
+                self._count(rule, [mask], traced)
             if second:
                 _warn_second_order(self, rule, [mask])
         if self.nan_safe is not None:
-            masks = apply_nan_safe(self, node, grads, grad_outputs)
+            masks = apply_nan_safe(self, node, grads, grad_outputs, traced)
             if counted:
-                self._count(self.nan_safe, masks)
+                self._count(self.nan_safe, masks, traced)
             if second and self.nan_safe is not _FORMULA:
                 _warn_second_order(self, self.nan_safe, masks)
         return tuple(grads)
 
-    def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
-        if self.instance.graph is None:
-            counters.count_rule(self.instance.name, self.instance.site, rule.label, rule.kind)
+    def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor], traced: bool) -> None:
+        instance = self.instance
+        if not traced:
+            counters.count_rule(instance.name, instance.site, rule.label, rule.kind)
             return
         elements = sum(int(m.sum()) for m in masks)
-        counters.count_rule(self.instance.name, self.instance.site, rule.label, rule.kind, elements)
-        self.instance.record_hit(self.vertex, rule.label, elements)
-        if self.instance.recorder is not None:
-            self.instance.recorder.changed(self.instance, rule, masks)
+        counters.count_rule(instance.name, instance.site, rule.label, rule.kind, elements)
+        instance.record_hit(self.vertex, rule.label, elements)
+        if instance.recorder is not None:
+            instance.recorder.changed(instance, rule, masks)

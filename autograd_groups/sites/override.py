@@ -14,8 +14,8 @@ import torch
 
 from .. import flag
 from ..errors import RuleError
-from ..groups.instance import GroupInstance
 from ..groups.lifecycle import close_instance, open_instances, pop_instance, tensors_of
+from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
 from . import tangents
@@ -96,7 +96,7 @@ class _OverrideFunction(torch.autograd.Function):
             automatic = _automatic(ctx, inputs, grads, create_graph)
             return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
         if not traced:
-            instance.note_backward()
+            counters.note_backward(instance)
             counters.count_rule(instance.name, instance.site, rule.label, rule.kind, fired=fired)
             if instance.graph is not None:
                 instance.record_hit(None, rule.label, int(fired))

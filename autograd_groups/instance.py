@@ -10,9 +10,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..observe import counters, recording
-from ..rules.registry import RuleSet
-from ..sites.tangents import linear_levels, transposing
+from .rules.registry import RuleSet
 
 
 class Session(Protocol):
@@ -32,11 +30,18 @@ class GroupInstance:
     says whether ``detect_nonfinite()`` was active.
     ``inputs`` and ``outputs`` are vertex ids of ``graph``; ``hits`` maps rule labels to the number
     of elements each rule changed in this instance (counted while traced). ``recorder`` is the
-    ``ag.verify`` recorder of a traced instance made while one was active, else None.
+    ``ag.verify`` recorder of a traced instance made while one was active (the caller reads it),
+    else None.
     """
 
+    # Slots: an instance is made on every call of a group, on its hot path.
+    __slots__ = ("name", "watched", "rules", "enabled", "parent", "id", "graph", "inputs", "outputs", "hits",
+                 "session", "recorder", "nested", "merged_into", "site", "_task", "hooks_pushed",
+                 "nonfinite_task", "transposed", "linear_levels", "forward_check", "_start")
+
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
-                 session: Session | None, where: tuple[str, int], watched: bool) -> None:
+                 session: Session | None, where: tuple[str, int], watched: bool, transposed: bool,
+                 linear_levels: frozenset[int] = frozenset(), recorder: Any = None) -> None:
         self.name = name
         self.watched = watched
         self.rules = rules
@@ -52,7 +57,7 @@ class GroupInstance:
         self.outputs: list[str] = []
         self.hits: dict[str, int] = {}
         self.session = session
-        self.recorder = recording.active() if session is not None else None
+        self.recorder = recorder
         self.nested = False
         self.merged_into: GroupInstance | None = None
         #: ``(file, line)`` of the forward code that created the instance.
@@ -63,10 +68,11 @@ class GroupInstance:
         #: gradients, so that a pass is counted once (observe/inputs.py).
         self.nonfinite_task = -1
         #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
-        #: decided here, at forward time, for the hooks that run on the engine's threads.
-        self.transposed = transposing()
-        #: The grad levels that differentiate this instance's backward only in its cotangent.
-        self.linear_levels = linear_levels()
+        #: decided by the caller at forward time, for the hooks that run on the engine's threads.
+        self.transposed = transposed
+        #: The grad levels that differentiate this instance's backward only in its cotangent
+        #: (sites/tangents.py), decided likewise.
+        self.linear_levels = linear_levels
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()
@@ -85,12 +91,14 @@ class GroupInstance:
         """Whether a backward pass has reached the instance's rule sites."""
         return self._task != -1
 
-    def note_backward(self) -> None:
-        """Count one backward pass through this instance (called by its rule sites)."""
+    def new_pass(self) -> bool:
+        """Whether the backward pass running now reaches this instance for the first time (its rule
+        sites ask, so that a pass is counted once)."""
         task = torch._C._current_graph_task_id()
-        if task != self._task:
-            self._task = task
-            counters.count_backward(self.name, self.site)
+        if task == self._task:
+            return False
+        self._task = task
+        return True
 
     def record_hit(self, vertex: str | None, label: str, elements: int) -> None:
         """Add a rule's changed-element count to this traced instance."""

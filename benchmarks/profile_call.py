@@ -1,0 +1,145 @@
+"""Where the time of one tiny group call goes: issue 23's per-call profile.
+
+    python benchmarks/profile_call.py [--calls N]
+
+The group is ``sqrt(sum(x * x))`` on a (4, 3) tensor with its ``sqrt`` rule (one row of x zero, so
+the rule fires). Each phase is timed in-process, 1 thread, by wrapping the library function that
+does it with a clock (about 0.1 µs per wrapper); the table gives medians over ``--calls`` calls, in
+µs, beside the plain composite's forward and backward:
+
+- forward, ops: the composite's own ops (the plain forward);
+- forward, entry: the decorator until the instance opens, and after it closes (flag, registry);
+- forward, open: ``open_instance``; walk: ``close_instance`` less the hooks it installs;
+- forward, hook install: ``install_rules``;
+- backward, engine: the backward less the rule's hook; backward, hook: the ``SiteHook`` calls.
+
+A second table times, in the same process, the kernels the hooks choose between on the CPU:
+counting a bool mask against the fill it may skip (subgradient rules), and zeroing a float32
+gradient where the incoming gradient is 0 with a bool mask and ``torch.where`` against the
+integer ops on the bits that a NaN-safe hook uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_targets import norm3, vectors  # noqa: E402
+from common import interleaved_medians, markdown_table  # noqa: E402
+
+import autograd_groups as ag  # noqa: E402
+from autograd_groups.groups import group, lifecycle  # noqa: E402
+from autograd_groups.sites import hooks  # noqa: E402
+from autograd_groups.sites.hooks import _zero_bits  # noqa: E402
+
+_spent: dict[str, float] = {}
+
+
+def _clocked(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _spent[name] = _spent.get(name, 0.0) + time.perf_counter() - start
+
+    return run
+
+
+def _clock_library() -> None:
+    group.open_instance = _clocked("open", group.open_instance)  # type: ignore[attr-defined]
+    group.close_instance = _clocked("close", group.close_instance)  # type: ignore[attr-defined]
+    lifecycle.install_rules = _clocked("install", lifecycle.install_rules)  # type: ignore[assignment]
+    call = hooks.SiteHook.__call__
+    hooks.SiteHook.__call__ = _clocked("hook", call)  # type: ignore[method-assign]
+
+
+def _phases(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> dict[str, float]:
+    _spent.clear()
+    start = time.perf_counter()
+    out = fn(x)
+    forward = time.perf_counter() - start
+    grad = torch.ones_like(out)
+    start = time.perf_counter()
+    out.backward(grad)
+    backward = time.perf_counter() - start
+    x.grad = None
+    return {"forward": forward, "backward": backward, **_spent}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ag.register_rule("bench.norm3", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    grouped = ag.autograd_group("bench.norm3")(norm3)
+    _clock_library()
+    x = vectors()
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "group": []}
+    for i in range(args.calls + 100):
+        for name, fn in (("plain", norm3), ("group", grouped))[:: 1 if i % 2 else -1]:
+            phases = _phases(fn, x)
+            if i >= 100:
+                runs[name].append(phases)
+
+    def median(name: str, phase: Callable[[dict[str, float]], float]) -> float:
+        return statistics.median(phase(p) for p in runs[name]) * 1e6
+
+    rows = [
+        ("forward, ops", median("plain", lambda p: p["forward"]), None),
+        ("forward, entry", None, median("group", lambda p: p["forward"] - p["open"] - p["close"])
+         - median("plain", lambda p: p["forward"])),
+        ("forward, open", None, median("group", lambda p: p["open"])),
+        ("forward, walk", None, median("group", lambda p: p["close"] - p["install"])),
+        ("forward, hook install", None, median("group", lambda p: p["install"])),
+        ("backward, engine", median("plain", lambda p: p["backward"]),
+         median("group", lambda p: p["backward"] - p.get("hook", 0.0))),
+        ("backward, hook", None, median("group", lambda p: p.get("hook", 0.0))),
+        ("forward + backward", median("plain", lambda p: p["forward"] + p["backward"]),
+         median("group", lambda p: p["forward"] + p["backward"])),
+    ]
+    print(f"torch {torch.__version__}, 1 thread, medians of {args.calls} calls each, µs")
+    print(markdown_table(["phase", "plain", "group"],
+                         [[name, "" if a is None else f"{a:.1f}", "" if b is None else f"{b:.1f}"]
+                          for name, a, b in rows]))
+    print()
+    print(markdown_table(["kernel", "µs"], kernels(max(20, args.calls // 20))))
+
+
+def _count_or_fill(n: int, repeats: int) -> list[str]:
+    mask, grad = torch.zeros(n, dtype=torch.bool), torch.rand(n)
+    m = interleaved_medians({"count": lambda: bool(torch.count_nonzero(mask)),
+                             "fill": lambda: grad.masked_fill_(mask, 0.0)}, repeats)
+    return [f"count a mask / a fill that sets nothing, {n} elements",
+            f"{m['count'] * 1e6:.1f} / {m['fill'] * 1e6:.1f}"]
+
+
+def _where_or_bits(shape: tuple[int, int], repeats: int) -> list[str]:
+    incoming, base = torch.rand(shape), torch.rand(shape)
+    incoming[incoming < 0.125] = 0
+    base[incoming == 0] = float("nan")
+    m = interleaved_medians({"where": lambda: torch.where(incoming == 0, 0.0, base),
+                             "bits": lambda: _zero_bits(base.clone(), incoming),
+                             "clone": lambda: base.clone()}, repeats)
+    return [f"zero where incoming is 0, {shape}: where(incoming == 0, 0, grad) / bits (less a clone)",
+            f"{m['where'] * 1e6:.1f} / {(m['bits'] - m['clone']) * 1e6:.1f}"]
+
+
+def kernels(repeats: int) -> list[list[str]]:
+    """Median µs of the kernels a CPU hook chooses between."""
+    return ([_count_or_fill(n, repeats) for n in (4, 1024, 4096, 16384, 262144)]
+            + [_where_or_bits(shape, repeats) for shape in ((256, 64), (4096, 64))])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Where a NaN-safe group puts its hooks, and the hook's shortcuts (issue 23): the semantics stay
+those of tests/test_nan_safe.py -- where an op's incoming gradient is exactly zero, it passes on
+exactly zero -- with hooks only at nodes whose backward could turn a zero into NaN."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autograd_groups as ag
+from autograd_groups.zero_passing import passes_zeros
+
+INF, NAN = float("inf"), float("nan")
+# Values that make any multiplication by them or division of zero by them NaN.
+HOSTILE = [INF, -INF, NAN, 0.0, -1.0, 2.0]
+
+
+def _leaves() -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.tensor(HOSTILE, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor(list(reversed(HOSTILE)), dtype=torch.float64, requires_grad=True)
+    return x, y
+
+
+PASSING: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": lambda x, y: x + y,
+    "add alpha": lambda x, y: x.add(y, alpha=2.5),
+    "sub": lambda x, y: x - y,
+    "rsub": lambda x, y: 1 - x,
+    "neg": lambda x, y: -x,
+    "sum": lambda x, y: x.sum(),
+    "mean": lambda x, y: x.mean(),
+    "expand": lambda x, y: x.unsqueeze(0).expand(3, 6),
+    "view": lambda x, y: x.view(2, 3),
+    "reshape transpose": lambda x, y: x.reshape(2, 3).t(),
+    "index": lambda x, y: x[[0, 2, 2]],
+    "slice": lambda x, y: x[1:4],
+    "where": lambda x, y: torch.where(torch.tensor([True, False] * 3), x, y),
+    "masked_fill": lambda x, y: x.masked_fill(torch.tensor([True, False] * 3), 0.0),
+    "cat": lambda x, y: torch.cat([x, y]),
+    "stack": lambda x, y: torch.stack([x, y]),
+    "unbind": lambda x, y: x.view(2, 3).unbind(0)[1],
+    "relu": lambda x, y: x.relu(),
+    "clamp": lambda x, y: x.clamp(-1.0, 1.0),
+    "clamp_min": lambda x, y: x.clamp_min(0.0),
+    "hardtanh": lambda x, y: F.hardtanh(x),
+    "sort": lambda x, y: x.sort().values,
+    "max over a dim": lambda x, y: x.view(2, 3).max(1).values,
+    "cumsum": lambda x, y: x.cumsum(0),
+    "flip": lambda x, y: x.flip(0),
+    "lerp": lambda x, y: x.lerp(y, 0.5),
+}
+NAN_MAKING: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "log": lambda x, y: x.log(),
+    "mul": lambda x, y: x * y,
+    "div": lambda x, y: x / y,
+    "sqrt": lambda x, y: x.sqrt(),
+    "add alpha inf": lambda x, y: x.add(y, alpha=INF),
+}
+# Hooked because their backward reads saved values or a scalar that may scale by 0, though PyTorch's
+# formula happens to keep these zeros: the table errs on the side of a hook.
+CAUTIOUS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "abs": lambda x, y: x.abs(),
+    "max": lambda x, y: x.max(),
+    "lerp weight 0": lambda x, y: x.lerp(y, 0.0),
+}
+
+
+Op = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _zero_in_grads(op: Op) -> tuple[object, list[torch.Tensor]]:
+    x, y = _leaves()
+    out = op(x, y)
+    grads = torch.autograd.grad(out, (x, y), torch.zeros_like(out), allow_unused=True, materialize_grads=True)
+    return out.grad_fn, list(grads)
+
+
+@pytest.mark.parametrize("name", PASSING)
+def test_a_node_without_a_hook_passes_zeros_on_as_zeros_at_infinite_and_nan_values(name: str) -> None:
+    node, grads = _zero_in_grads(PASSING[name])
+    assert passes_zeros(node), type(node).__name__
+    for grad in grads:
+        assert torch.equal(grad, torch.zeros_like(grad))
+
+
+@pytest.mark.parametrize("name", NAN_MAKING)
+def test_a_node_that_can_turn_a_zero_into_nan_gets_a_hook(name: str) -> None:
+    node, grads = _zero_in_grads(NAN_MAKING[name])
+    assert not passes_zeros(node), type(node).__name__
+    assert any(grad.isnan().any() for grad in grads), "the plain backward must make a NaN here"
+
+
+@pytest.mark.parametrize("name", CAUTIOUS)
+def test_a_node_whose_backward_reads_saved_values_gets_a_hook(name: str) -> None:
+    node, _ = _zero_in_grads(CAUTIOUS[name])
+    assert not passes_zeros(node), type(node).__name__
+
+
+class _Constant(torch.autograd.Function):
+    """A backward that ignores its incoming gradient: not linear in it."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return torch.ones_like(grad)
+
+
+def test_a_custom_function_is_hooked() -> None:
+    x = torch.ones(2, requires_grad=True)
+    assert not passes_zeros(_Constant.apply(x).grad_fn)
+
+
+def test_only_the_nodes_that_can_make_nan_are_rule_sites() -> None:
+    ag.register_rule("sites.entropy", ag.NanSafe())
+
+    @ag.autograd_group("sites.entropy")
+    def entropy(p: torch.Tensor) -> torch.Tensor:
+        return -(torch.where(p > 0, p * torch.log(p), 0.0)).sum(-1)
+
+    p = torch.tensor([[0.0, 0.25, 0.75], [0.5, 0.5, 0.0]], requires_grad=True)
+    with ag.trace() as t:
+        entropy(p).sum().backward()
+    (instance,) = t.instances
+    sites = sorted(data["op"] for _, data in instance.graph.nodes(data=True) if data.get("rules"))
+    assert sites == ["log", "mul"]
+    positive = p.detach() > 0
+    torch.testing.assert_close(p.grad, torch.where(positive, -(p.detach().log() + 1), 0.0))
+    assert ag.stats()["sites.entropy"]["rules"]["nan_safe"]["elements"] == 4  # 2 zeros, at mul and log
+
+
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_backward_not_linear_in_its_gradient_is_still_zeroed(create_graph: bool) -> None:
+    # _Constant is not elementwise for the group: its gradient is zeroed when all of its incoming
+    # gradient is zero, as for any op that is not elementwise (docs/groups.md).
+    ag.register_rule("sites.constant", ag.NanSafe())
+
+    @ag.autograd_group("sites.constant")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, _Constant.apply(x), 0.0)
+
+    x = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    (plain,) = torch.autograd.grad(torch.where(x > 0, _Constant.apply(x), 0.0).sum(), x)
+    assert torch.equal(plain, torch.ones(2, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(f(x).sum(), x, create_graph=create_graph)
+    assert torch.equal(grad.detach(), torch.zeros(2, dtype=torch.float64))
+
+
+def test_a_subgradient_not_linear_in_grad_in_the_same_group_is_zeroed_where_no_gradient_comes_in() -> None:
+    # grad + 7 gives 7 where no gradient comes in: not a zero passed on as a zero.
+    ag.register_rule("sites.mixed", ag.Subgradient(op="sqrt", when="result == 0", grad="grad + 7"))
+    ag.register_rule("sites.mixed", ag.NanSafe())
+
+    @ag.autograd_group("sites.mixed")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, x.sqrt() * 2, 0.0)
+
+    x = torch.tensor([0.0, 4.0], dtype=torch.float64, requires_grad=True)
+    f(x).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 0.5], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_nan_where_the_gradient_comes_in_is_kept(dtype: torch.dtype, create_graph: bool) -> None:
+    # log's backward is grad / x: at x = NaN it is NaN whatever comes in; only where nothing comes
+    # in (the where's other branch) does the group zero it. Without create_graph the CPU hook
+    # zeroes in place on the bits, with it by torch.where: both give the same.
+    ag.register_rule("sites.log", ag.NanSafe())
+    chosen = torch.tensor([True, False, False, True, False])
+
+    @ag.autograd_group("sites.log")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.where(chosen, torch.log(x), 0.0)
+
+    x = torch.tensor([NAN, NAN, 0.0, 2.0, -INF], dtype=dtype, requires_grad=True)
+    (grad,) = torch.autograd.grad(f(x).sum(), x, create_graph=create_graph)
+    want = torch.tensor([NAN, 0.0, 0.0, 0.5, 0.0], dtype=dtype)
+    torch.testing.assert_close(grad.detach(), want, equal_nan=True)
