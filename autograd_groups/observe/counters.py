@@ -77,9 +77,25 @@ def count_backward(name: str, site: Site) -> None:
 
 
 def note_backward(instance: GroupInstance) -> None:
-    """Count the backward pass running now at ``instance``, once (its rule sites call this)."""
+    """Count the backward pass running now at ``instance``, once (its override calls this)."""
     if instance.new_pass():
         count_backward(instance.name, instance.site)
+
+
+def count_site(instance: GroupInstance, rules: list[tuple[str, str, int]]) -> None:
+    """One run of a rule site of ``instance``: the backward pass running now, once per pass, and
+    each of its rules ``(label, kind, elements changed)``, under one lock (a site runs at every
+    backward of every call)."""
+    first = instance.new_pass()
+    with _lock:
+        counter = _site(instance.name, instance.site)
+        counter.backward_passes += first
+        for label, kind, elements in rules:
+            rule = counter.rules.get(label)
+            if rule is None:
+                rule = counter.rules[label] = _RuleCounter(kind)
+            rule.calls += 1
+            rule.elements += elements
 
 
 def count_nonfinite(name: str, site: Site) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._C._functorch import peek_interpreter_stack
 
 from ..errors import ExpressionError
 
@@ -70,6 +71,11 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
 _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
     ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+#: ``a op b`` is ``b mirrored(op) a``.
+_MIRRORED: dict[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] = {
+    operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.gt,
+    operator.le: operator.ge, operator.gt: operator.lt, operator.ge: operator.le,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {
     ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Invert: operator.invert,
@@ -323,6 +329,31 @@ def _operands(node: ast.BinOp, op: type) -> list[ast.AST]:
     return found
 
 
+def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -> Evaluator:
+    """``operand cmp value`` for a number ``value``. A plain tensor is compared with ``value`` as a
+    0-dim tensor of the dtype the comparison promotes to, made once per dtype and device: eagerly,
+    a comparison with a Python number costs two and a half times one with a 0-dim tensor (4.2 µs
+    against 1.6 µs on 4 elements, the size of a tiny group's rule site). Anything else -- a
+    number, a compiler's fake tensor, a tensor of a torch.func transform -- is compared with the
+    number itself."""
+    made: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+    def evaluate(env: Env) -> Any:
+        x = operand(env)
+        # Not under a compiler, nor a torch.func transform, whose levels a tensor made in one
+        # call must not outlive.
+        if (type(x) is not torch.Tensor or torch.compiler.is_compiling()
+                or peek_interpreter_stack() is not None):
+            return cmp(x, value)
+        key = (x.dtype, x.device)
+        other = made.get(key)
+        if other is None:
+            other = made[key] = torch.tensor(value, dtype=torch.result_type(x, value), device=x.device)
+        return cmp(x, other)
+
+    return evaluate
+
+
 def _fail(node: ast.AST, message: str) -> ExpressionError:
     return ExpressionError(message, getattr(node, "col_offset", 0) + 1)
 
@@ -362,6 +393,12 @@ def _compile(node: ast.AST, names: set[str], depth: int) -> Evaluator:
                               "combine them with & and |")
         cmp = _COMPARE[type(node.ops[0])]
         left, right = _compile(node.left, names, depth), _compile(node.comparators[0], names, depth)
+        number = _number(node.comparators[0])
+        if number is not None:
+            return _against(cmp, left, number)
+        number = _number(node.left)
+        if number is not None:  # `0 == result`: the same as `result == 0`
+            return _against(_MIRRORED[cmp], right, number)
         return lambda env: cmp(left(env), right(env))
     if isinstance(node, ast.Call):
         if isinstance(node.func, ast.Attribute):

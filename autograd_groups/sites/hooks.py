@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from ..zero_passing import passes_zeros
 from . import levels
 
 Grads = list[torch.Tensor | None]
+_DYNAMO = "torch._dynamo"
 
 
 def _fail(instance: GroupInstance, label: str, op: str, problem: str) -> RuleError:
@@ -67,7 +69,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     """
     instance = site.instance
     targets = range(len(grads)) if rule.input is None else (rule.input,)
-    if not any(grads[i] is not None for i in targets if i < len(grads)):
+    if all(i >= len(grads) or grads[i] is None for i in targets):
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
         # saved values autograd may not have kept): the rule has nothing to do.
         return torch.zeros((), dtype=torch.bool)
@@ -96,9 +98,10 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     except KeyError:
         raise _fail(instance, rule.label, site.op,
                     "this backward runs without the op's autograd node (compiled autograd), and "
-                    "the op's saved values could not be kept at forward because saved-tensor hooks "
-                    "(torch.utils.checkpoint, save_on_cpu) were active: run this backward without "
-                    "compiled autograd, or the forward without those hooks") from None
+                    "the op's saved values could not be kept at forward, because saved-tensor hooks "
+                    "(torch.utils.checkpoint, save_on_cpu) were active or torch._dynamo was not yet "
+                    "imported: run this backward without compiled autograd, or the forward without "
+                    "those hooks and after importing torch._dynamo") from None
     except CheckpointError as e:
         raise _fail(instance, rule.label, site.op,
                     f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
@@ -299,7 +302,10 @@ def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
     node: compiled autograd frees them before it traces the site's hook. Detached, so that a value
     that is the node's own output holds no reference back to the node. Nothing where reading them
     now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
-    if (not names or torch.compiler.is_compiling() or peek_interpreter_stack() is not None
+    # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
+    # its nodes (one started with compiled autograd enabled later is told so by the rule site).
+    if (not names or _DYNAMO not in sys.modules or torch.compiler.is_compiling()
+            or peek_interpreter_stack() is not None
             or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
         return {}
     try:
@@ -389,7 +395,6 @@ class SiteHook:
         if not flag.backward_state().for_group(instance.name):
             return None
         if counted:
-            counters.note_backward(instance)
             node: Any = torch._C._current_autograd_node()
         else:
             counters.count_compiled(instance.name)
@@ -401,27 +406,29 @@ class SiteHook:
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and torch.is_grad_enabled() and any(
             g is not None and levels.differentiated(g, instance.linear_levels) for g in grad_inputs)
+        ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs)
-            if counted:
-                self._count(rule, [mask], traced)
+            ran.append((rule, [mask]))
             if second:
                 _warn_second_order(self, rule, [mask])
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced)
-            if counted:
-                self._count(self.nan_safe, masks, traced)
+            ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
                 _warn_second_order(self, self.nan_safe, masks)
+        if counted:
+            self._count(ran, traced)
         return tuple(grads)
 
-    def _count(self, rule: Subgradient | NanSafe, masks: list[torch.Tensor], traced: bool) -> None:
+    def _count(self, ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]], traced: bool) -> None:
+        """Count this run of the site's rules (and of a backward pass through its instance) at once;
+        the elements each rule changed only where traced."""
         instance = self.instance
-        if not traced:
-            counters.count_rule(instance.name, instance.site, rule.label, rule.kind)
-            return
-        elements = sum(int(m.sum()) for m in masks)
-        counters.count_rule(instance.name, instance.site, rule.label, rule.kind, elements)
-        instance.record_hit(self.vertex, rule.label, elements)
-        if instance.recorder is not None:
-            instance.recorder.changed(instance, rule, masks)
+        elements = [sum(int(m.sum()) for m in masks) if traced else 0 for _, masks in ran]
+        counters.count_site(instance, [(rule.label, rule.kind, n) for (rule, _), n in zip(ran, elements)])
+        if traced:
+            for (rule, masks), n in zip(ran, elements):
+                instance.record_hit(self.vertex, rule.label, n)
+                if instance.recorder is not None:
+                    instance.recorder.changed(instance, rule, masks)
