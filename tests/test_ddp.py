@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ranks import assert_ranks_equal_single
 from torch.nn.parallel import DistributedDataParallel
 
 import autograd_groups as ag
@@ -80,13 +81,7 @@ def test_ddp_two_ranks_equal_single_process_on_the_global_batch(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback only; the ranks inherit it
     mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=WORLD, join=True)
-    single = _train(_model(), _data())
-    assert all(torch.isfinite(t).all() for t in single.values())
-    for rank in range(WORLD):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
-        assert got.keys() == single.keys()
-        for name, value in single.items():
-            torch.testing.assert_close(got[name], value, msg=f"rank {rank}: {name}")
+    assert_ranks_equal_single(tmp_path, WORLD, _train(_model(), _data()))
 
 
 def test_the_model_needs_the_rule() -> None:
