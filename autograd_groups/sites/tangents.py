@@ -206,14 +206,7 @@ class _Call:
     def _overridden(self, rule: Override, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...],
                     cotangents: tuple[torch.Tensor, ...], automatic: tuple[Any, ...]) -> tuple[Any, ...]:
         args, kwargs = self._arguments(inputs)
-        if any(_varies(x) for x in inputs):
-            # What differentiates the replacement must see the outputs differentiable through the
-            # override, as a custom Function's saved outputs are, not through the chain it avoids.
-            again = _Transposed.apply(self, *inputs)
-            outputs = (again,) if isinstance(again, torch.Tensor) else tuple(again)
-        else:
-            outputs = tuple(o.detach() for o in outputs)
-        view = self._context(args, kwargs, outputs)
+        view = self._context(args, kwargs, tuple(o.detach() for o in outputs))
         where = f"group {self.name!r} (created at {self.where}), rule {rule.label}"
         try:
             answer = rule.check(view)
@@ -228,6 +221,12 @@ class _Call:
             counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)
         if fired is False:
             return automatic
+        if any(_varies(x) for x in inputs):
+            # What differentiates the replacement must see the outputs differentiable through the
+            # override, as a custom Function's saved outputs are, not through the chain it avoids
+            # (one more forward, only where the override fired).
+            again = _Transposed.apply(self, *inputs)
+            view = self._context(args, kwargs, (again,) if isinstance(again, torch.Tensor) else tuple(again))
         replaced = rule.run_replacement(view, cotangents, where)
         by_input = {id(x): g for x, g in zip(view.inputs, replaced)}
         if fired is True:
