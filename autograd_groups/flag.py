@@ -104,6 +104,16 @@ def current_state() -> FlagState:
     return getattr(_local, "state", _ON)
 
 
+def enabled_for(name: str) -> bool:
+    """``current_state().for_group(name)`` in one call: what every call of a group reads first.
+
+    >>> enabled_for("cdist")
+    True
+    """
+    state: FlagState = getattr(_local, "state", _ON)
+    return state.groups.get(name, state.default)
+
+
 @contextlib.contextmanager
 def restored(state: FlagState) -> Iterator[None]:
     """Run the block with this thread's forward-time state set to ``state``."""
@@ -121,6 +131,19 @@ def _scoped() -> FlagState | None:
         state: FlagState = torch._C._get_obj_in_tls(_BACKWARD_KEY)
         return state
     return None
+
+
+def backward_enabled(name: str) -> bool:
+    """Whether a rule site of group ``name`` may run in the eager backward pass running now: the
+    cheap form of ``backward_state().for_group(name)`` outside compilers, for every rule site.
+
+    >>> backward_enabled("cdist")
+    True
+    """
+    if not torch._C._is_key_in_tls(_BACKWARD_KEY):
+        return True
+    state: FlagState = torch._C._get_obj_in_tls(_BACKWARD_KEY)
+    return state.for_group(name)
 
 
 def backward_state() -> FlagState:

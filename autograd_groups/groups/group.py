@@ -195,7 +195,7 @@ class autograd_group:
         def grouped(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_dynamo_compiling():
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
-            enabled = flag.current_state().for_group(name)
+            enabled = flag.enabled_for(name)
             if enabled and registry.has_rules(name):
                 override = registry.ruleset(name).override
                 if tangents.wanted(args, kwargs, override is not None):

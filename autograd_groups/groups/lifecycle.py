@@ -53,14 +53,15 @@ def caller(depth: int) -> tuple[str, int]:
     return frame.f_code.co_filename, frame.f_lineno
 
 
-def observers(name: str, enabled: bool, where: tuple[str, int]) -> tuple[tracer.Trace | None, bool]:
+def observers(name: str, enabled: bool, where: tuple[str, int],
+              compiling: bool) -> tuple[tracer.Trace | None, bool]:
     """Count a new instance of ``name``; the trace session that records it and whether
     ``detect_nonfinite()`` watches it.
 
     While torch.compile traces the group (on fake tensors, once per compilation), nobody can watch
     it: the instance is counted as compiled, and an open trace session or anomaly check is told so.
     """
-    if torch.compiler.is_compiling():
+    if compiling:
         counters.count_compiled(name)
         if (tracer.active() is not None or anomaly.active()) and ("compile", name) not in _told:
             _told.add(("compile", name))
@@ -101,11 +102,12 @@ def lost_rules(name: str, tracer_name: str) -> str:
 def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInstance | None:
     """Open an instance of group ``name`` with special cases ``enabled`` (read from the flag by the
     caller), created by the code at ``where``; None when it has nothing to do."""
-    if recorded_without_rules(name, enabled):
+    compiling = torch.compiler.is_compiling()  # torch.export included
+    if (compiling or torch._C._is_tracing()) and recorded_without_rules(name, enabled):
         return None
-    session, watched = observers(name, enabled, where)
+    session, watched = observers(name, enabled, where, compiling)
     rules = registry.ruleset(name) if enabled else registry.EMPTY
-    if not rules and enabled and not torch.compiler.is_compiling():
+    if not rules and enabled and not compiling:
         registry.note_unruled(name)
     if not rules and session is None and not watched:
         return None
@@ -222,8 +224,8 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             continue
         if claim is None:
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
-        if subgradients:
-            claim.ruled.update(r.op_key for r in subgradients)
+        if subgradients:  # all of one op: the node's
+            claim.ruled.add(subgradients[0].op_key)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)

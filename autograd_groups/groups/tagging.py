@@ -78,7 +78,7 @@ def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> No
         for other in owners[1:]:
             merge(instance, other)
     else:
-        session, watched = observers(name, enabled, where)
+        session, watched = observers(name, enabled, where, torch.compiler.is_compiling())
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
         instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched,

@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..instance import GroupInstance
 from ..rules import registry
+from ..rules.kinds import Rule
 
 #: Where an instance was created: ``(file, line)``, as :attr:`GroupInstance.site`.
 Site = tuple[str, int]
@@ -82,20 +83,22 @@ def note_backward(instance: GroupInstance) -> None:
         count_backward(instance.name, instance.site)
 
 
-def count_site(instance: GroupInstance, rules: list[tuple[str, str, int]]) -> None:
+def count_site(instance: GroupInstance, ran: Sequence[tuple[Rule, Any]],
+               elements: Sequence[int] | None = None) -> None:
     """One run of a rule site of ``instance``: the backward pass running now, once per pass, and
-    each of its rules ``(label, kind, elements changed)``, under one lock (a site runs at every
-    backward of every call)."""
+    one call of each rule of ``ran`` (``(rule, anything)`` pairs), with the ``elements`` each
+    changed where counted, under one lock (a site runs at every backward of every call)."""
     first = instance.new_pass()
     with _lock:
         counter = _site(instance.name, instance.site)
         counter.backward_passes += first
-        for label, kind, elements in rules:
-            rule = counter.rules.get(label)
-            if rule is None:
-                rule = counter.rules[label] = _RuleCounter(kind)
-            rule.calls += 1
-            rule.elements += elements
+        for k, (rule, _) in enumerate(ran):
+            found = counter.rules.get(rule.label)
+            if found is None:
+                found = counter.rules[rule.label] = _RuleCounter(rule.kind)
+            found.calls += 1
+            if elements is not None:
+                found.elements += elements[k]
 
 
 def count_nonfinite(name: str, site: Site) -> None:

@@ -72,6 +72,11 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
     ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
+#: The comparisons of two plain tensors, without the Python layer of ``Tensor.__eq__`` & co.
+_TENSOR_COMPARE: dict[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] = {
+    operator.eq: torch.Tensor.eq, operator.ne: torch.Tensor.ne, operator.lt: torch.Tensor.lt,
+    operator.le: torch.Tensor.le, operator.gt: torch.Tensor.gt, operator.ge: torch.Tensor.ge,
+}
 #: ``a op b`` is ``b mirrored(op) a``.
 _MIRRORED: dict[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] = {
     operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.gt,
@@ -336,20 +341,21 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
     against 1.6 µs on 4 elements, the size of a tiny group's rule site). Anything else -- a
     number, a compiler's fake tensor, a tensor of a torch.func transform -- is compared with the
     number itself."""
-    made: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+    made: dict[object, torch.Tensor] = {}
+    tensors = _TENSOR_COMPARE[cmp]
 
     def evaluate(env: Env) -> Any:
         x = operand(env)
         # Not under a compiler, nor a torch.func transform, whose levels a tensor made in one
         # call must not outlive.
-        if (type(x) is not torch.Tensor or torch.compiler.is_compiling()
-                or peek_interpreter_stack() is not None):
+        if (type(x) is not torch.Tensor or peek_interpreter_stack() is not None
+                or torch.compiler.is_compiling()):
             return cmp(x, value)
-        key = (x.dtype, x.device)
+        key = x.dtype if x.is_cpu else (x.dtype, x.device)  # a device object costs more than the key
         other = made.get(key)
         if other is None:
             other = made[key] = torch.tensor(value, dtype=torch.result_type(x, value), device=x.device)
-        return cmp(x, other)
+        return tensors(x, other)
 
     return evaluate
 

@@ -87,6 +87,8 @@ class Subgradient:
     #: The rule's meaning: op, condition, value and input, each spelling-free (see :meth:`same`).
     key: tuple[object, ...] = field(init=False)
     saved: frozenset[str] = field(init=False)
+    #: ``(name, attribute)`` of each saved value read, the attribute as autograd nodes name it.
+    saved_attributes: tuple[tuple[str, str], ...] = field(init=False)
     constant: float | None = field(init=False)
     when_fn: _Compiled = field(init=False)
     grad_fn: _Compiled = field(init=False)
@@ -117,6 +119,7 @@ class Subgradient:
         object.__setattr__(self, "op_key", nodes.op_key(self.op))
         object.__setattr__(self, "key", (self.op_key, when_fn.key, grad_fn.key, self.input))
         object.__setattr__(self, "saved", (when_fn.names | grad_fn.names) - {"grad"})
+        object.__setattr__(self, "saved_attributes", tuple((n, "_saved_" + n) for n in sorted(self.saved)))
         object.__setattr__(self, "constant", float(self.grad) if is_number else None)  # type: ignore[arg-type]
         object.__setattr__(self, "when_fn", when_fn)
         object.__setattr__(self, "grad_fn", grad_fn)

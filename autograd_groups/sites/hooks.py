@@ -48,68 +48,42 @@ def _fits(shape: torch.Size, target: torch.Size) -> bool:
 
 
 def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
-    """Whether ``grad`` may be filled in place: a fresh dense tensor no other gradient shares.
-
-    Never while a compiler traces it, nor for a tensor subclass: the fake and functional tensors it
-    traces with have no data pointer, and an out-of-place select is what it fuses anyway. Never for batched
+    """Whether ``grad``, in a plain backward (see ``SiteHook.__call__``), may be filled in place: a
+    fresh dense tensor no other gradient shares. Never for a tensor subclass, nor for batched
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
-    if (type(grad) is not torch.Tensor or grad._base is not None or torch.is_grad_enabled()
-            or torch.compiler.is_compiling() or not grad.is_contiguous() or not torch._C._has_storage(grad)):
+    if (type(grad) is not torch.Tensor or grad._base is not None or not grad.is_contiguous()
+            or not torch._C._has_storage(grad)):
         return False
     pointer = grad.data_ptr()
     return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
 
 
 def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads: Grads,
-                      grad_outputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """Apply ``rule`` to ``grads`` (in place where safe); return the mask of elements it set.
+                      grad_outputs: Sequence[torch.Tensor | None], plain: bool) -> torch.Tensor:
+    """Apply ``rule`` to ``grads`` (in place where ``plain`` allows it); return the mask of elements
+    it set.
 
     ``node`` is the autograd node running the backward, or None where the backward runs without
     one (compiled autograd): then the values the rule reads are those ``site`` captured at forward.
     """
     instance = site.instance
-    targets = range(len(grads)) if rule.input is None else (rule.input,)
-    if all(i >= len(grads) or grads[i] is None for i in targets):
+    count, only = len(grads), rule.input
+    targets = range(count) if only is None else (only,) if only < count else ()
+    for i in targets:
+        if grads[i] is not None:
+            break
+    else:
         # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
         # saved values autograd may not have kept): the rule has nothing to do.
-        return torch.zeros((), dtype=torch.bool)
+        return _NOTHING
     if instance.transposed and not rule.transposable:
         raise _fail(instance, rule.label, site.op,
                     "a forward-mode pass (jvp, jacfwd, hessian, forward_ad) reached this rule, and "
                     "its 'grad' is not linear in grad, so it has no transpose to give the tangents "
                     "(docs/groups.md, 'Forward mode'): write 'grad' as grad times a factor (e.g. "
                     "'grad * c' for a local derivative c), or 0")
-    env: dict[str, Any] = {"grad": grad_outputs[0]}
-    try:
-        for name in rule.saved:
-            env[name] = getattr(node, "_saved_" + name) if node is not None else site.captured[name]
-            if env[name] is None and hasattr(node, "_raw_saved_" + name):  # a tensor slot left empty
-                raise _fail(instance, rule.label, site.op,
-                            f"this {site.node_class.__name__} node did not keep {name!r}: autograd "
-                            f"saves a value only for the gradients it computes, and {name!r} serves "
-                            f"an input that needs none here. Write 'when' and 'grad' with values "
-                            f"the gradients of the rule's inputs need (for a product, the other "
-                            f"factor), or make that input need a gradient")
-    except AttributeError:
-        missing = next(n for n in rule.saved if n not in env)
-        raise _fail(instance, rule.label, site.op,
-                    f"this {site.node_class.__name__} node does not save {missing!r}; it saves "
-                    f"{', '.join(nodes.saved_names(node)) or 'nothing'}") from None
-    except KeyError:
-        raise _fail(instance, rule.label, site.op,
-                    "this backward runs without the op's autograd node (compiled autograd), and "
-                    "the op's saved values could not be kept at forward, because saved-tensor hooks "
-                    "(torch.utils.checkpoint, save_on_cpu) were active or torch._dynamo was not yet "
-                    "imported: run this backward without compiled autograd, or the forward without "
-                    "those hooks and after importing torch._dynamo") from None
-    except CheckpointError as e:
-        raise _fail(instance, rule.label, site.op,
-                    f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
-                    f"use_reentrant=False lets autograd read a saved value once per backward pass, "
-                    f"and the op's own backward has read it. Groups marked with @autograd_group or "
-                    f"`with` allow the second read; tag() marks ops after they saved their values: "
-                    f"mark this group with @autograd_group or `with`, or checkpoint it with "
-                    f"use_reentrant=True") from None
+    env = _saved_values(rule, site, node) if rule.saved else {}
+    env["grad"] = grad_outputs[0]
     try:
         mask = rule.when_fn.evaluate(env)
     except Exception as e:
@@ -117,24 +91,64 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise _fail(instance, rule.label, site.op, f"'when' must give a bool tensor, not {got}")
-    may_set: bool | None = None  # counted once, for the first gradient filled in place
+    constant = rule.constant
     for i in targets:
-        grad = grads[i] if i < len(grads) else None
+        grad = grads[i]
         if grad is None:
             continue
         if mask.shape != grad.shape:
             _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
-        if rule.constant is not None and _owned(grad, grad_outputs):
-            may_set = _may_set(mask) if may_set is None else may_set
-            if may_set:
-                grad.masked_fill_(mask, rule.constant)
+        if constant is not None and plain and _owned(grad, grad_outputs):
+            if _may_set(mask):
+                grad.masked_fill_(mask, constant)
             continue
-        value = rule.constant if rule.constant is not None else _value(rule, site, env)
+        value = constant if constant is not None else _value(rule, site, env)
         if isinstance(value, torch.Tensor) and value.shape != grad.shape:
             _check_shape(rule, site, "'grad' gave a value", value.shape, i, grads, env)
         _protect_formula(instance, node, grad, grad_outputs)
         grads[i] = torch.where(mask, value, grad)
     return mask
+
+
+#: What a rule that had no gradient to set reports as the elements it set.
+_NOTHING = torch.zeros((), dtype=torch.bool)
+
+
+def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[str, Any]:
+    """The saved values ``rule`` reads, by name: the node's, or where the backward runs without the
+    node (compiled autograd) those ``site`` captured at forward."""
+    env: dict[str, Any] = {}
+    name = ""
+    try:
+        for name, attribute in rule.saved_attributes:
+            value = env[name] = getattr(node, attribute) if node is not None else site.captured[name]
+            if value is None and hasattr(node, "_raw" + attribute):  # a tensor slot left empty
+                raise _fail(site.instance, rule.label, site.op,
+                            f"this {site.node_class.__name__} node did not keep {name!r}: autograd "
+                            f"saves a value only for the gradients it computes, and {name!r} serves "
+                            f"an input that needs none here. Write 'when' and 'grad' with values "
+                            f"the gradients of the rule's inputs need (for a product, the other "
+                            f"factor), or make that input need a gradient")
+    except AttributeError:
+        raise _fail(site.instance, rule.label, site.op,
+                    f"this {site.node_class.__name__} node does not save {name!r}; it saves "
+                    f"{', '.join(nodes.saved_names(node)) or 'nothing'}") from None
+    except KeyError:
+        raise _fail(site.instance, rule.label, site.op,
+                    "this backward runs without the op's autograd node (compiled autograd), and "
+                    "the op's saved values could not be kept at forward, because saved-tensor hooks "
+                    "(torch.utils.checkpoint, save_on_cpu) were active or torch._dynamo was not yet "
+                    "imported: run this backward without compiled autograd, or the forward without "
+                    "those hooks and after importing torch._dynamo") from None
+    except CheckpointError as e:
+        raise _fail(site.instance, rule.label, site.op,
+                    f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
+                    f"use_reentrant=False lets autograd read a saved value once per backward pass, "
+                    f"and the op's own backward has read it. Groups marked with @autograd_group or "
+                    f"`with` allow the second read; tag() marks ops after they saved their values: "
+                    f"mark this group with @autograd_group or `with`, or checkpoint it with "
+                    f"use_reentrant=True") from None
+    return env
 
 
 #: The smallest mask worth counting before a fill (see _may_set).
@@ -149,7 +163,7 @@ def _may_set(mask: torch.Tensor) -> bool:
     as the fill (docs/performance.md, "Per-call overhead"), so it is not made. On an accelerator
     the count would make the host wait for the device, so there the fill always runs.
     """
-    return mask.device.type != "cpu" or mask.numel() < _COUNTED or bool(torch.count_nonzero(mask))
+    return mask.numel() < _COUNTED or not mask.is_cpu or bool(torch.count_nonzero(mask))
 
 
 def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
@@ -190,6 +204,8 @@ def _protect_formula(instance: GroupInstance, node: Any | None, grad: torch.Tens
     """
     if node is None:  # compiled autograd: it does not differentiate its backward
         return
+    if not torch.is_grad_enabled() and peek_interpreter_stack() is None:  # a first-order backward
+        return
     read: list[Any] | None = None
     for level in levels.differentiating_levels():
         tracked = levels.at_level(grad, level)
@@ -229,7 +245,8 @@ def _value(rule: Subgradient, site: SiteHook, env: dict[str, Any]) -> Any:
 
 
 def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
-                   grad_outputs: Sequence[torch.Tensor | None], traced: bool) -> list[torch.Tensor]:
+                   grad_outputs: Sequence[torch.Tensor | None], traced: bool,
+                   plain: bool) -> list[torch.Tensor]:
     """Zero every outgoing gradient element whose incoming gradients are all exactly zero; return
     the masks of the elements it changed (none for a gradient zeroed in place on its bits, which
     is done only where nobody counts: not ``traced``, no graph differentiating this backward).
@@ -238,13 +255,13 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
     ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
     be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
-    graph that differentiates this backward, one sum tells.
+    graph that differentiates this backward (``plain``), one sum tells.
     """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []
     if not incoming:
         return changed
-    look = site.linear and _may_look(incoming[0])
+    look = plain and site.linear and _may_look(incoming[0])
     elementwise = len(incoming) == 1 and site.elementwise
     zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     for i, grad in enumerate(grads):
@@ -271,12 +288,9 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 
 
 def _may_look(grad: torch.Tensor) -> bool:
-    """Whether a hook may read the values of gradients like ``grad`` to skip work: a CPU tensor
-    with storage, in a backward no graph differentiates, that no compiler or ``torch.func``
-    transform traces (reading a value would break their graphs or stall a device)."""
-    return (grad.device.type == "cpu" and not torch.is_grad_enabled() and type(grad) is torch.Tensor
-            and not torch.compiler.is_compiling() and peek_interpreter_stack() is None
-            and torch._C._has_storage(grad))
+    """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
+    work: a CPU tensor with storage (reading a device's value would stall it)."""
+    return grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
 
 
 #: Per floating dtype: the integer dtype of its bits, and the mask of all bits but the sign.
@@ -297,19 +311,19 @@ def _zero_bits(grad: torch.Tensor, incoming: torch.Tensor) -> None:
     grad.view(bits).bitwise_and_(keep)
 
 
-def capture(node: Any, names: frozenset[str]) -> dict[str, torch.Tensor]:
-    """The saved values ``names`` of ``node``, read at forward for a backward that runs without the
+def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor]:
+    """The saved values ``rules`` read of ``node``, read at forward for a backward that runs without the
     node: compiled autograd frees them before it traces the site's hook. Detached, so that a value
     that is the node's own output holds no reference back to the node. Nothing where reading them
     now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
     # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
     # its nodes (one started with compiled autograd enabled later is told so by the rule site).
-    if (not names or _DYNAMO not in sys.modules or torch.compiler.is_compiling()
-            or peek_interpreter_stack() is not None
+    if (_DYNAMO not in sys.modules or torch.compiler.is_compiling() or peek_interpreter_stack() is not None
             or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
         return {}
     try:
-        return {name: getattr(node, "_saved_" + name).detach() for name in names}
+        return {name: getattr(node, attribute).detach()
+                for rule in rules for name, attribute in rule.saved_attributes}
     except (AttributeError, RuntimeError):
         # A value this node class does not save (said at backward), or one a backward inside a
         # ``with`` group has freed already: the backward has nothing to read in either case.
@@ -380,8 +394,7 @@ class SiteHook:
         self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
                        and not getattr(node.metadata.get(CLAIM), "ruled", None))
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
-        self.captured = capture(node, frozenset().union(*(r.saved for r in subgradients))) if subgradients \
-            else {}
+        self.captured = capture(node, subgradients) if subgradients else {}
 
     @property
     def op(self) -> str:
@@ -392,7 +405,8 @@ class SiteHook:
                  grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
         instance = self.instance
         counted = not torch.compiler.is_compiling()
-        if not flag.backward_state().for_group(instance.name):
+        name = instance.name
+        if not (flag.backward_enabled(name) if counted else flag.backward_state().for_group(name)):
             return None
         if counted:
             node: Any = torch._C._current_autograd_node()
@@ -402,18 +416,22 @@ class SiteHook:
             node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
         traced = counted and instance.graph is not None
+        graphed = torch.is_grad_enabled()
         # Read before the rules replace them: whether a graph will differentiate what they give
         # (never in a first-order backward, which runs with grad mode off).
-        second = counted and torch.is_grad_enabled() and any(
+        second = counted and graphed and any(
             g is not None and levels.differentiated(g, instance.linear_levels) for g in grad_inputs)
+        # An eager first-order backward outside torch.func: its gradients are plain tensors, which
+        # a rule may read and fill in place (a compiler's or a transform's must stay in its graph).
+        plain = counted and not graphed and peek_interpreter_stack() is None
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
         for rule in self.subgradients:
-            mask = apply_subgradient(rule, self, node, grads, grad_outputs)
+            mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
                 _warn_second_order(self, rule, [mask])
         if self.nan_safe is not None:
-            masks = apply_nan_safe(self, node, grads, grad_outputs, traced)
+            masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
                 _warn_second_order(self, self.nan_safe, masks)
@@ -425,10 +443,12 @@ class SiteHook:
         """Count this run of the site's rules (and of a backward pass through its instance) at once;
         the elements each rule changed only where traced."""
         instance = self.instance
-        elements = [sum(int(m.sum()) for m in masks) if traced else 0 for _, masks in ran]
-        counters.count_site(instance, [(rule.label, rule.kind, n) for (rule, _), n in zip(ran, elements)])
-        if traced:
-            for (rule, masks), n in zip(ran, elements):
-                instance.record_hit(self.vertex, rule.label, n)
-                if instance.recorder is not None:
-                    instance.recorder.changed(instance, rule, masks)
+        if not traced:
+            counters.count_site(instance, ran)
+            return
+        elements = [sum(int(m.sum()) for m in masks) for _, masks in ran]
+        counters.count_site(instance, ran, elements)
+        for (rule, masks), n in zip(ran, elements):
+            instance.record_hit(self.vertex, rule.label, n)
+            if instance.recorder is not None:
+                instance.recorder.changed(instance, rule, masks)

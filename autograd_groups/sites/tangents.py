@@ -104,6 +104,8 @@ def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> boo
     >>> wanted((torch.ones(2),), {}, override=False)
     False
     """
+    if forward_ad._current_level < 0 and peek_interpreter_stack() is None:  # the usual call
+        return False
     if running():
         return False
     return (override and peek_interpreter_stack() is not None) or active(args, kwargs)
