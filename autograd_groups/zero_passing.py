@@ -1,5 +1,5 @@
-"""Which autograd nodes pass an exactly zero gradient on as exactly zero, whatever their inputs were:
-the nodes a NaN-safe group need not hook.
+"""Which autograd nodes pass an exactly zero gradient on as exactly zero, whatever their inputs were
+or for the values they saved in one call: the nodes a NaN-safe group need not hook.
 
 A ``0 · ∞`` can only arise where a node's backward multiplies the incoming gradient by a value of
 the forward pass (a saved tensor) or by a local derivative that can be singular. A node whose class
@@ -13,6 +13,13 @@ whose backward is a select on a comparison of saved values (``relu``, ``clamp``,
 
 The verdict is computed once per node class, from the class's saved-value slots and the op's ATen
 schema; only the scalars are read per node.
+
+Many other nodes pass zeros on for the values they saved in one call (:func:`passing_now`): a
+product's backward multiplies the gradient by finite functions of its saved tensors (``mul``,
+``sin``, ``bmm``: ``0 · x = 0`` wherever they are finite), a quotient by a scalar divides it by
+that number (``x / 6``: ``0 / 6 = 0``). Where the forward may read values -- eagerly, on the CPU --
+one sum over them per call spares a NaN-safe group the hooks of every such node: the usual case,
+where a ``0 · inf`` comes from a few singular ops (docs/groups.md, "Where the hooks go").
 """
 
 from __future__ import annotations
@@ -63,6 +70,68 @@ def _scales_safely(value: Any) -> bool:
     return isinstance(value, (int, float, complex)) and value != 0 and math.isfinite(abs(value))
 
 
+#: Node classes whose backward multiplies the incoming gradient by a product of finite functions of
+#: their saved tensors wherever those are finite (derivatives.yaml: ``grad * other``,
+#: ``grad * self.cos()``, ``grad.bmm(mat2.transpose(1, 2))``, ``grad * result`` for exp, ...).
+_PRODUCTS = frozenset({"MulBackward0", "MmBackward0", "BmmBackward0", "ExpBackward0", "SinBackward0",
+                       "CosBackward0", "TanhBackward0", "SigmoidBackward0"})
+#: Node classes whose backward divides the incoming gradient by one saved tensor: ``sqrt``'s
+#: ``grad / (2 * result)``, ``log``'s ``grad / self``, and ``div``'s ``grad / other`` when the
+#: divisor needs no gradient (its own, ``-grad * self / other / other``, can overflow).
+_QUOTIENTS = {"SqrtBackward0": "result", "LogBackward0": "self", "DivBackward0": "other"}
+
+
+#: The most elements of saved tensors read in one call: checking costs a pass over them, and above
+#: this size that is what the hooks it spares would spend on the gradients.
+CHECKED = 16384
+
+
+def _divides_safely(node: Any) -> bool:
+    """Whether a quotient node divides by a nonzero, finite scalar (``x / 6``); a divisor with more
+    elements is not read: testing it costs about what its node's hook would."""
+    name = type(node).__name__
+    if name == "DivBackward0" and node.next_functions[1][0] is not None:
+        return False  # the divisor's own gradient, ``-grad * self / other / other``, can overflow
+    value = getattr(node, "_saved_" + _QUOTIENTS[name])
+    return (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_cpu
+            and 0 < abs(value.item()) < math.inf)
+
+
+def passing_now(members: list[Any]) -> set[int]:
+    """The ids of the nodes among ``members`` that pass an exactly zero gradient on as zero in this
+    call, for the values they saved: the products (:data:`_PRODUCTS`) where all their saved tensors
+    are finite, read at once, and the quotients (:data:`_QUOTIENTS`) by a nonzero scalar.
+
+    The caller makes sure that the values may be read: an eager CPU forward, no compiler, no
+    ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them).
+
+    >>> import torch
+    >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
+    >>> product, quotient, root = x * x, x / 6, torch.sqrt(x)
+    >>> found = passing_now([product.grad_fn, quotient.grad_fn, root.grad_fn])
+    >>> [id(n.grad_fn) in found for n in (product, quotient, root)]
+    [True, True, False]
+    """
+    quiet: set[int] = set()
+    products: list[Any] = []
+    saved: list[torch.Tensor] = []
+    for node in members:
+        name = type(node).__name__
+        if name in _QUOTIENTS and _divides_safely(node):
+            quiet.add(id(node))
+        elif name in _PRODUCTS:
+            products.append(node)
+            saved += [t for t in (getattr(node, "_saved_" + n) for n in nodes.saved_names(node))
+                      if isinstance(t, torch.Tensor)]
+    if saved and sum(t.numel() for t in saved) <= CHECKED and all(t.is_cpu for t in saved):
+        # One sum over all of them: finite only if each is (an overflow errs on the safe side).
+        with torch.no_grad():
+            total = torch.cat([t.reshape(-1) for t in saved]).sum().item()
+        if math.isfinite(abs(total)):
+            quiet.update(id(node) for node in products)
+    return quiet
+
+
 def passes_zeros(node: Any) -> bool:
     """Whether ``node``'s backward can only pass an exactly zero incoming gradient on as exactly
     zero (elementwise for elementwise ops, as a whole for the others).
@@ -78,6 +147,6 @@ def passes_zeros(node: Any) -> bool:
     if cls not in _verdicts:
         _verdicts[cls] = _verdict(cls)
     scalars = _verdicts[cls]
-    if scalars is None:
-        return False
+    if not scalars:
+        return scalars is not None
     return all(_scales_safely(getattr(node, "_saved_" + name)) for name in scalars)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import autograd_groups as ag
-from autograd_groups.zero_passing import passes_zeros
+from autograd_groups.zero_passing import passes_zeros, passing_now
 
 INF, NAN = float("inf"), float("nan")
 # Values that make any multiplication by them or division of zero by them NaN.
@@ -132,6 +132,75 @@ def test_only_the_nodes_that_can_make_nan_are_rule_sites() -> None:
     positive = p.detach() > 0
     torch.testing.assert_close(p.grad, torch.where(positive, -(p.detach().log() + 1), 0.0))
     assert ag.stats()["sites.entropy"]["rules"]["nan_safe"]["elements"] == 4  # 2 zeros, at mul and log
+
+
+# Nodes that pass zeros on for the values they saved in one call: (op, values where they do, values
+# where their plain backward turns a zero into NaN).
+_FINITE = torch.tensor([[0.5, -2.0], [3.0, 0.25]], dtype=torch.float32)
+_HOSTILE = torch.tensor([[0.5, INF], [NAN, 0.25]], dtype=torch.float32)
+BY_VALUE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, torch.Tensor]] = {
+    "mul": (lambda x: x * x.detach().flip(0).requires_grad_(), _FINITE, _HOSTILE),
+    "mm": (lambda x: x @ x.detach().t().requires_grad_(), _FINITE, _HOSTILE),
+    "bmm": (lambda x: torch.bmm(x[None], x[None]), _FINITE, _HOSTILE),
+    "exp": (torch.exp, _FINITE, torch.tensor([[0.5, 100.0], [1.0, 2.0]])),  # exp(100) is inf in float32
+    "sin": (torch.sin, _FINITE, _HOSTILE),
+    "cos": (torch.cos, _FINITE, _HOSTILE),
+    "tanh": (torch.tanh, _FINITE, _HOSTILE),
+    "sigmoid": (torch.sigmoid, _FINITE, _HOSTILE),
+    "div by a number": (lambda x: x / 6, _FINITE, _HOSTILE),  # 0 / 6 is 0 whatever x is
+    "sqrt of a scalar": (lambda x: x.sum().abs().sqrt(), _FINITE, torch.zeros(2, 2)),
+    "log of a scalar": (lambda x: x.sum().abs().log(), _FINITE, torch.zeros(2, 2)),
+}
+
+
+@pytest.mark.parametrize("name", BY_VALUE)
+def test_a_node_passes_zeros_on_for_the_values_it_saved(name: str) -> None:
+    op, finite, hostile = BY_VALUE[name]
+    for values, passing in ((finite, True), (hostile, name == "div by a number")):
+        x = values.clone().requires_grad_()
+        out = op(x)
+        assert (id(out.grad_fn) in passing_now([out.grad_fn])) is passing, (name, values)
+        leaves = [t for t in (x, *_saved_leaves(out.grad_fn)) if t.requires_grad]
+        grads = torch.autograd.grad(out, leaves, torch.zeros_like(out), allow_unused=True,
+                                    materialize_grads=True)
+        # Where it passes, the plain backward keeps the zeros; at the hostile values it does not.
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in grads) is passing, (name, grads)
+
+
+def _saved_leaves(node: object) -> list[torch.Tensor]:
+    return [child.variable for child, _ in node.next_functions  # type: ignore[attr-defined]
+            if child is not None and hasattr(child, "variable")]
+
+
+def test_a_quotient_by_a_tensor_that_needs_a_gradient_is_hooked_whatever_its_values() -> None:
+    # d(x / y)/dy = -grad * x / y / y overflows for a tiny y: 0 * inf.
+    x = torch.tensor([1.0], requires_grad=True)
+    y = torch.tensor([1e-30], requires_grad=True)
+    out = x / y
+    assert passing_now([out.grad_fn]) == set()
+    assert torch.autograd.grad(out, y, torch.zeros(1))[0].isnan().all()
+
+
+def test_the_rule_sites_of_a_call_follow_its_values() -> None:
+    # The product exp(x) * y saves exp(x), infinite at x = 100 in float32: only then is it hooked,
+    # and its zero (the where's other branch) must not turn into NaN.
+    ag.register_rule("sites.values", ag.NanSafe())
+
+    @ag.autograd_group("sites.values")
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.where(x < 50, x, torch.exp(x) * y)
+
+    for big, sited in ((1.0, []), (100.0, ["exp", "mul"])):
+        x = torch.tensor([1.0, big], requires_grad=True)
+        y = torch.tensor([2.0, 3.0], requires_grad=True)
+        with ag.trace() as t:
+            f(x, y).sum().backward()
+        (instance,) = t.instances
+        assert sorted(data["op"] for _, data in instance.graph.nodes(data=True) if data.get("rules")) == sited
+        selected = x.detach() >= 50
+        want_y = torch.where(selected, torch.exp(x.detach()), 0.0)
+        torch.testing.assert_close(y.grad, want_y)
+        assert not y.grad.isnan().any() and not x.grad.isnan().any()
 
 
 @pytest.mark.parametrize("create_graph", [False, True])

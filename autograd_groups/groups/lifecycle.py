@@ -20,6 +20,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch._C._functorch import peek_interpreter_stack
 
 from .. import frames, nodes
 from ..claims import CLAIM, Claim
@@ -31,7 +32,7 @@ from ..rules.kinds import NanSafe, Subgradient
 from ..sites import saved
 from ..sites.hooks import SiteHook
 from ..sites.tangents import linear_levels, transposing
-from ..zero_passing import passes_zeros
+from ..zero_passing import passes_zeros, passing_now
 
 _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
@@ -202,11 +203,14 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
+    quiet = passing_now(members) if rules.nan_safe is not None and _values_readable() else set()
     sited = False
     for node in members:
         subgradients = rules.at(node)
         sited = sited or bool(subgradients)
         nan_safe = rules.nan_safe
+        if nan_safe is not None and not subgradients and id(node) in quiet:
+            nan_safe = None
         claim = node.metadata.get(CLAIM) if read else None
         if claim is not None:
             subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
@@ -231,6 +235,13 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         anomaly.watch(instance, members)
     if rules.subgradients and members and not sited:
         _warn_absent_ops(instance, members)
+
+
+def _values_readable() -> bool:
+    """Whether the forward may read the values nodes saved: not while a compiler or a ``torch.func``
+    transform traces it, nor under saved-tensor hooks, which would unpack (or recompute) them."""
+    return (not torch.compiler.is_compiling() and peek_interpreter_stack() is None
+            and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

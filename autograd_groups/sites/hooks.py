@@ -151,7 +151,8 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
     return env
 
 
-#: The smallest mask worth counting before a fill (see _may_set).
+#: The smallest mask worth counting before a fill (see _may_set), and the smallest gradient a
+#: NaN-safe site zeroes on its bits.
 _COUNTED = 4096
 
 
@@ -268,9 +269,14 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
         if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
             continue
         same = elementwise and grad.shape == incoming[0].shape
-        if (same and look and not traced and grad.dtype == incoming[0].dtype and grad.dtype in _BITS
-                and _owned(grad, grad_outputs)):
-            _zero_bits(grad, incoming[0])
+        if same and look and not traced and _owned(grad, grad_outputs):
+            # In place: on its bits where the gradient is large, else with the mask of zeros, which
+            # costs less below a few thousand elements and serves every output.
+            if grad.numel() >= _COUNTED and grad.dtype == incoming[0].dtype and grad.dtype in _BITS:
+                _zero_bits(grad, incoming[0])
+            else:
+                zero = incoming[0] == 0 if zero is None else zero
+                grad.masked_fill_(zero, 0)
             continue
         if same:
             zero = incoming[0] == 0 if zero is None else zero
