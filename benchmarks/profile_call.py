@@ -13,7 +13,12 @@ does it with a clock (about 0.1 µs per wrapper); the table gives medians over `
 - forward, hook install: ``install_rules``;
 - backward, engine: the backward less the rule's hook; backward, hook: the ``SiteHook`` calls.
 
-A second table times, in the same process, the kernels the hooks choose between on the CPU:
+A second table gives what the design costs before a rule does anything: forward + backward of the
+group with its rule site's hook replaced by one that returns None, and with no hook installed at
+all (the instance, its walk and its counts), against the group as it is and the plain composite
+(interleaved, before the clocks are installed).
+
+A third table times, in the same process, the kernels the hooks choose between on the CPU:
 counting a bool mask against the fill it may skip (subgradient rules), and zeroing a float32
 gradient where the incoming gradient is 0 with a bool mask and ``torch.where`` against the
 integer ops on the bits that a NaN-safe hook uses.
@@ -83,8 +88,9 @@ def main() -> None:
     torch.set_num_threads(1)
     ag.register_rule("bench.norm3", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
     grouped = ag.autograd_group("bench.norm3")(norm3)
-    _clock_library()
     x = vectors()
+    below = floors(grouped, x, args.calls)
+    _clock_library()
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "group": []}
     for i in range(args.calls + 100):
         for name, fn in (("plain", norm3), ("group", grouped))[:: 1 if i % 2 else -1]:
@@ -113,7 +119,35 @@ def main() -> None:
                          [[name, "" if a is None else f"{a:.1f}", "" if b is None else f"{b:.1f}"]
                           for name, a, b in rows]))
     print()
+    print(markdown_table(["variant, forward + backward", "µs", "× plain"], below))
+    print()
     print(markdown_table(["kernel", "µs"], kernels(max(20, args.calls // 20))))
+
+
+def floors(grouped: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, repeats: int) -> list[list[str]]:
+    """Median µs of the group as it is, with a hook that returns None, and with no hook, each run
+    interleaved with the plain composite and given as a multiple of it."""
+    def step(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            x.grad = None
+            out = fn(x)
+            out.backward(torch.ones_like(out))
+
+        return run
+
+    def variant(name: str, hook: Any, install: Any) -> list[str]:
+        hooks.SiteHook.__call__, lifecycle.install_rules = hook, install  # type: ignore[method-assign]
+        try:
+            m = interleaved_medians({"plain": step(norm3), "group": step(grouped)}, repeats)
+        finally:
+            hooks.SiteHook.__call__, lifecycle.install_rules = call, install_rules  # type: ignore[method-assign]
+        group, plain = m["group"], m["plain"]
+        return [name, f"{group * 1e6:.1f} (plain {plain * 1e6:.1f})", f"{group / plain:.2f}"]
+
+    call, install_rules = hooks.SiteHook.__call__, lifecycle.install_rules
+    return [variant("group, rules on", call, install_rules),
+            variant("group, hook that returns None", lambda self, *grads: None, install_rules),
+            variant("group, no hook installed", call, lambda *args, **kwargs: None)]
 
 
 def _count_or_fill(n: int, repeats: int) -> list[str]:

@@ -76,7 +76,7 @@ def test_the_targets_reference_checks_fail_for_other_gradients() -> None:
         bench.check("the plain entropy", bench.entropy, bench.entropy_double_where, p)
 
 
-def test_profile_call_prints_every_phase_and_the_kernels() -> None:
+def test_profile_call_prints_every_phase_the_floors_and_the_kernels() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_call.py"), "--calls", "20"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -84,4 +84,6 @@ def test_profile_call_prints_every_phase_and_the_kernels() -> None:
               or line.startswith("| b")]
     assert phases == ["forward, ops", "forward, entry", "forward, open", "forward, walk",
                       "forward, hook install", "backward, engine", "backward, hook", "forward + backward"]
+    floors = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| group")]
+    assert floors == ["group, rules on", "group, hook that returns None", "group, no hook installed"]
     assert done.stdout.count("| zero where incoming is 0") == 2
