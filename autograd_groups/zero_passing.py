@@ -115,15 +115,19 @@ def passing_now(members: list[Any]) -> set[int]:
     quiet: set[int] = set()
     products: list[Any] = []
     saved: list[torch.Tensor] = []
+    elements = 0
     for node in members:
         name = type(node).__name__
         if name in _QUOTIENTS and _divides_safely(node):
             quiet.add(id(node))
-        elif name in _PRODUCTS:
+        elif name in _PRODUCTS and elements <= CHECKED:  # past the bound, reading them is wasted
             products.append(node)
-            saved += [t for t in (getattr(node, "_saved_" + n) for n in nodes.saved_names(node))
-                      if isinstance(t, torch.Tensor)]
-    if saved and sum(t.numel() for t in saved) <= CHECKED and all(t.is_cpu for t in saved):
+            for n in nodes.saved_names(node):
+                value = getattr(node, "_saved_" + n)
+                if isinstance(value, torch.Tensor):
+                    saved.append(value)
+                    elements += value.numel()
+    if saved and elements <= CHECKED and all(t.is_cpu for t in saved):
         # One sum over all of them: finite only if each is (an overflow errs on the safe side).
         with torch.no_grad():
             total = torch.cat([t.reshape(-1) for t in saved]).sum().item()
