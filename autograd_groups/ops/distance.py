@@ -179,7 +179,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
     With ``p = 2`` and more than 25 rows (torch.cdist's threshold), the squared distances come from
     the matrix-product form and the pairs are gathered before the square root, so the diagonal's
-    zeros never reach it; otherwise each pair's difference is taken directly.
+    zeros never reach it; otherwise, and in compiled code, each pair's difference is taken directly.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[1.0, 1.0], [1.0, 1.0], [4.0, 5.0]], requires_grad=True)
@@ -191,7 +191,9 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     p = check_order(p, "ops.pdist", negative=False)
     n = input.shape[0]
     rows, cols, flat = _upper_triangle(n, input.device)
-    if p == 2 and n > 25:
+    if p == 2 and n > 25 and not torch.compiler.is_compiling():
+        # Compiled, the direct form below is one loop over the pairs that writes no difference, and
+        # no matrix of them to gather from: 1.0x torch.pdist against 1.3x for this form (512 x 32).
         # |x_i|^2 + |x_j|^2 - 2 x_i.x_j, the norms added around a product over the input's own
         # columns: _squared_mm's cat would add two, which makes each of the backward's two products
         # a third slower (512 rows x 34 against 32 columns).
