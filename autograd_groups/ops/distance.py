@@ -96,10 +96,11 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     return _euclidean_mm(x1, x2) if use_mm else _direct(x1, x2, p)
 
 
-# The bytes of differences one chunk of rows makes on the CPU: about a core's L2 cache, where the
-# chunk's squares and the backward's products stay, rather than the whole rows x rows x columns
-# tensor (6.5 MB for 25 x 1024 x 64) going to memory several times over. Larger chunks were
-# slower here, smaller ones spent more on the per-chunk ops (docs/builtins.md#performance).
+# The bytes of differences one chunk of rows makes on the CPU per thread: about a core's L2 cache,
+# where the chunk's squares and the backward's products stay, rather than the whole rows x rows x
+# columns tensor (6.5 MB for 25 x 1024 x 64) going to memory several times over. Smaller chunks
+# spent more on the per-chunk ops, and with two threads a chunk of 2 MB did too: each op over it
+# is a parallel region, which costs more than its half of the chunk (docs/builtins.md#performance).
 _CHUNK_BYTES = 2 << 20
 
 
@@ -144,8 +145,8 @@ def _first_largest(x: torch.Tensor) -> torch.Tensor:
 
 
 def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows about ``_CHUNK_BYTES`` of
-    differences at a time.
+    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows in chunks of equal rows,
+    each of ``_CHUNK_BYTES`` to twice that of differences per thread.
 
     The other side's gradient is summed over the chunks, so it is the smaller one that is summed.
     ``mse_loss(reduction="none")`` gives the same numbers as ``d * d`` without a tensor of
@@ -154,8 +155,10 @@ def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]).numel()
     split_x2 = x2.shape[-2] >= x1.shape[-2]
     small = x1 if split_x2 else x2
+    rows = (x2 if split_x2 else x1).shape[-2]
     row_bytes = batch * small.shape[-2] * small.shape[-1] * torch.result_type(x1, x2).itemsize
-    step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+    chunks = max(1, rows * row_bytes // (_CHUNK_BYTES * torch.get_num_threads()))
+    step = max(1, -(-rows // chunks))
     # Split before broadcasting: split's backward then joins the chunks' small gradients, not full ones.
     if split_x2:
         whole, parts, joined = x1.unsqueeze(-2), x2.unsqueeze(-3).split(step, -2), -1
