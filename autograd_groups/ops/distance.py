@@ -136,8 +136,8 @@ def _first_largest(x: torch.Tensor) -> torch.Tensor:
     """The index of the first largest element (or NaN) along the last dim, as ``argmax``."""
     if not torch.compiler.is_compiling():
         return x.argmax(-1)
-    # Compiled, argmax reduces pairs of (value, index) vectors across each short row, which took
-    # 3.2 ms of 3.6 here (256 x 256 pairs of 32 columns); two reductions of plain values take 0.3.
+    # Compiled, argmax reduces pairs of (value, index) vectors across each short row: 3.2 ms here
+    # (256 x 256 pairs of 32 columns), against 0.9 ms for these two reductions of plain values.
     # x != x is isnan, which compiles to a scalar loop.
     top = x.amax(-1, keepdim=True)
     columns = torch.arange(x.shape[-1], dtype=torch.float32, device=x.device)  # exact to 2**24
