@@ -97,11 +97,12 @@ def test_cdist_direct_form_in_row_chunks_gives_torch_cdists_answer() -> None:
 @pytest.mark.parametrize("rows1, rows2", [(5, 4), (4, 5)], ids=["x1 split", "x2 split"])
 def test_cdist_direct_form_in_row_chunks_has_right_forward_and_second_derivatives(monkeypatch, rows1,
                                                                                   rows2) -> None:
-    # The side with more rows is split, two rows a chunk.
+    # The side with more rows is split, into chunks of three rows and two (_CHUNK_BYTES, two rows'
+    # differences here, is per thread).
     g = torch.Generator().manual_seed(6)
     x1 = torch.randn(2, rows1, 3, generator=g, dtype=torch.float64, requires_grad=True)
     x2 = torch.randn(rows2, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    monkeypatch.setattr(distance, "_CHUNK_BYTES", 2 * 2 * 4 * 3 * 8)
+    monkeypatch.setattr(distance, "_CHUNK_BYTES", 2 * 2 * 4 * 3 * 8 // torch.get_num_threads())
 
     def cdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return ag.ops.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")

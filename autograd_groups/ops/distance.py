@@ -9,6 +9,7 @@ give PyTorch's answer there: that pair contributes 0. ``cdist`` with ``p = 2`` f
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -95,14 +96,17 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
     return _euclidean_mm(x1, x2) if use_mm else _direct(x1, x2, p)
 
 
-# The bytes of differences one chunk of rows makes on the CPU: about a core's L2 cache, where the
-# chunk's squares and the backward's products stay, rather than the whole rows x rows x columns
-# tensor (6.5 MB for 25 x 1024 x 64) going to memory several times over. Larger chunks were
-# slower here, smaller ones spent more on the per-chunk ops (docs/builtins.md#performance).
+# The bytes of differences one chunk of rows makes on the CPU per thread: about a core's L2 cache,
+# where the chunk's squares and the backward's products stay, rather than the whole rows x rows x
+# columns tensor (6.5 MB for 25 x 1024 x 64) going to memory several times over. Smaller chunks
+# spent more on the per-chunk ops, and with two threads a chunk of 2 MB did too: each op over it
+# is a parallel region, which costs more than its half of the chunk (docs/builtins.md#performance).
 _CHUNK_BYTES = 2 << 20
 
 
 def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
+    if p == math.inf:
+        return _chebyshev(x1, x2)
     if p == 2 and not torch.compiler.is_compiling() and x1.device.type == "cpu" and (
             x1.is_floating_point() or x2.is_floating_point()):
         return _euclidean_in_chunks(x1, x2)
@@ -112,9 +116,37 @@ def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
     return p_norm(x1.unsqueeze(-2) + x2.neg().unsqueeze(-3), p, (-1,), False)
 
 
+def _chebyshev(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """``max_k |x1_ik - x2_jk|`` as ``|x1_ik - x2_jk|`` at the one coordinate ``k`` that attains it.
+
+    The coordinate is found outside autograd, so only the ``(rows, rows)`` pairs it picks are in
+    the graph: the backward scatters one gradient per pair into each input, where ``amax`` of the
+    differences kept the ``(rows, rows, columns)`` differences and their ``abs``, and wrote a
+    gradient of that size, shared among ties, for two sums. Ties give the whole gradient to their
+    first coordinate (``amax`` shared it, ``torch.cdist`` gives it to each).
+    """
+    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    x1, x2 = x1.expand(*batch, *x1.shape[-2:]), x2.expand(*batch, *x2.shape[-2:])
+    with torch.no_grad():
+        k = _first_largest((x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs())
+    return (x1.gather(-1, k) - x2.gather(-1, k.mT).mT).abs()
+
+
+def _first_largest(x: torch.Tensor) -> torch.Tensor:
+    """The index of the first largest element (or NaN) along the last dim, as ``argmax``."""
+    if not torch.compiler.is_compiling():
+        return x.argmax(-1)
+    # Compiled, argmax reduces pairs of (value, index) vectors across each short row: 3.2 ms here
+    # (256 x 256 pairs of 32 columns), against 0.9 ms for these two reductions of plain values.
+    # x != x is isnan, which compiles to a scalar loop.
+    top = x.amax(-1, keepdim=True)
+    columns = torch.arange(x.shape[-1], dtype=torch.float32, device=x.device)  # exact to 2**24
+    return torch.where((x == top) | (x != x), columns, x.shape[-1]).amin(-1).long()
+
+
 def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
-    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows about ``_CHUNK_BYTES`` of
-    differences at a time.
+    """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows in chunks of equal rows,
+    each of ``_CHUNK_BYTES`` to twice that of differences per thread.
 
     The other side's gradient is summed over the chunks, so it is the smaller one that is summed.
     ``mse_loss(reduction="none")`` gives the same numbers as ``d * d`` without a tensor of
@@ -123,8 +155,10 @@ def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]).numel()
     split_x2 = x2.shape[-2] >= x1.shape[-2]
     small = x1 if split_x2 else x2
+    rows = (x2 if split_x2 else x1).shape[-2]
     row_bytes = batch * small.shape[-2] * small.shape[-1] * torch.result_type(x1, x2).itemsize
-    step = max(1, _CHUNK_BYTES // max(1, row_bytes))
+    chunks = max(1, rows * row_bytes // (_CHUNK_BYTES * torch.get_num_threads()))
+    step = max(1, -(-rows // chunks))
     # Split before broadcasting: split's backward then joins the chunks' small gradients, not full ones.
     if split_x2:
         whole, parts, joined = x1.unsqueeze(-2), x2.unsqueeze(-3).split(step, -2), -1
@@ -148,7 +182,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
     With ``p = 2`` and more than 25 rows (torch.cdist's threshold), the squared distances come from
     the matrix-product form and the pairs are gathered before the square root, so the diagonal's
-    zeros never reach it; otherwise each pair's difference is taken directly.
+    zeros never reach it; otherwise, and in compiled code, each pair's difference is taken directly.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([[1.0, 1.0], [1.0, 1.0], [4.0, 5.0]], requires_grad=True)
@@ -160,7 +194,9 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     p = check_order(p, "ops.pdist", negative=False)
     n = input.shape[0]
     rows, cols, flat = _upper_triangle(n, input.device)
-    if p == 2 and n > 25:
+    if p == 2 and n > 25 and not torch.compiler.is_compiling():
+        # Compiled, the direct form below is one loop over the pairs that writes no difference, and
+        # no matrix of them to gather from: 1.0x torch.pdist against 1.3x for this form (512 x 32).
         # |x_i|^2 + |x_j|^2 - 2 x_i.x_j, the norms added around a product over the input's own
         # columns: _squared_mm's cat would add two, which makes each of the backward's two products
         # a third slower (512 rows x 34 against 32 columns).
