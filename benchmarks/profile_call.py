@@ -18,10 +18,12 @@ group with its rule site's hook replaced by one that returns None, and with no h
 all (the instance, its walk and its counts), against the group as it is and the plain composite
 (interleaved, before the clocks are installed).
 
-A third table times, in the same process, the kernels the hooks choose between on the CPU:
-counting a bool mask against the fill it may skip (subgradient rules), and zeroing a float32
-gradient where the incoming gradient is 0 with a bool mask and ``torch.where`` against the
-integer ops on the bits that a NaN-safe hook uses.
+A third table times, in the same process, the kernels the hooks run or choose between on the CPU:
+a subgradient's compare with a number, counting a bool mask against the fill it may skip
+(subgradient rules), and for a NaN-safe site the sum that tells whether a gradient has anything to
+zero, then zeroing a float32 gradient where the incoming gradient is 0 with a bool mask and
+``torch.where``, with integer ops on the bits, and with ``masked_fill_`` of a mask of the incoming
+zeros made once for the node's gradients.
 """
 
 from __future__ import annotations
@@ -158,21 +160,32 @@ def _count_or_fill(n: int, repeats: int) -> list[str]:
             f"{m['count'] * 1e6:.1f} / {m['fill'] * 1e6:.1f}"]
 
 
-def _where_or_bits(shape: tuple[int, int], repeats: int) -> list[str]:
+def _compare(repeats: int) -> list[str]:
+    result, zero = torch.rand(4), torch.tensor(0.0)
+    m = interleaved_medians({"eq": lambda: torch.Tensor.eq(result, zero)}, repeats)
+    return ["a subgradient's compare, result == 0 (a 0-dim tensor), 4 elements", f"{m['eq'] * 1e6:.1f}"]
+
+
+def _zeroing(shape: tuple[int, ...], repeats: int) -> list[str]:
     incoming, base = torch.rand(shape), torch.rand(shape)
     incoming[incoming < 0.125] = 0
     base[incoming == 0] = float("nan")
-    m = interleaved_medians({"where": lambda: torch.where(incoming == 0, 0.0, base),
+    zero = incoming == 0
+    m = interleaved_medians({"look": lambda: base.sum().item(),
+                             "where": lambda: torch.where(incoming == 0, 0.0, base),
                              "bits": lambda: _zero_bits(base.clone(), incoming),
+                             "fill": lambda: base.clone().masked_fill_(zero, 0),
                              "clone": lambda: base.clone()}, repeats)
-    return [f"zero where incoming is 0, {shape}: where(incoming == 0, 0, grad) / bits (less a clone)",
-            f"{m['where'] * 1e6:.1f} / {(m['bits'] - m['clone']) * 1e6:.1f}"]
+    return [f"NaN-safe, {shape}: a gradient's sum read (the look) / zero where incoming is 0: "
+            f"where(incoming == 0, 0, grad) / bits / masked_fill_ of a shared mask (less a clone)",
+            f"{m['look'] * 1e6:.1f} / {m['where'] * 1e6:.1f} / {(m['bits'] - m['clone']) * 1e6:.1f} / "
+            f"{(m['fill'] - m['clone']) * 1e6:.1f}"]
 
 
 def kernels(repeats: int) -> list[list[str]]:
     """Median µs of the kernels a CPU hook chooses between."""
-    return ([_count_or_fill(n, repeats) for n in (4, 1024, 4096, 16384, 262144)]
-            + [_where_or_bits(shape, repeats) for shape in ((256, 64), (4096, 64))])
+    return ([_compare(repeats)] + [_count_or_fill(n, repeats) for n in (4, 1024, 4096, 16384, 262144)]
+            + [_zeroing(shape, repeats) for shape in ((64,), (4096,), (256, 64), (4096, 64))])
 
 
 if __name__ == "__main__":

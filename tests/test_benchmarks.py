@@ -86,4 +86,4 @@ def test_profile_call_prints_every_phase_the_floors_and_the_kernels() -> None:
                       "forward, hook install", "backward, engine", "backward, hook", "forward + backward"]
     floors = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| group")]
     assert floors == ["group, rules on", "group, hook that returns None", "group, no hook installed"]
-    assert done.stdout.count("| zero where incoming is 0") == 2
+    assert done.stdout.count("| NaN-safe, (") == 4

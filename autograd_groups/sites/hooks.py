@@ -151,9 +151,10 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
     return env
 
 
-#: The smallest mask worth counting before a fill (see _may_set), and the smallest gradient a
-#: NaN-safe site zeroes on its bits.
+#: The smallest mask worth counting before a fill (see _may_set).
 _COUNTED = 4096
+#: The smallest gradient a NaN-safe site zeroes on its bits.
+_ON_BITS = 16384
 
 
 def _may_set(mask: torch.Tensor) -> bool:
@@ -271,8 +272,8 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
         same = elementwise and grad.shape == incoming[0].shape
         if same and look and not traced and _owned(grad, grad_outputs):
             # In place: on its bits where the gradient is large, else with the mask of zeros, which
-            # costs less below a few thousand elements and serves every output.
-            if grad.numel() >= _COUNTED and grad.dtype == incoming[0].dtype and grad.dtype in _BITS:
+            # costs less below that size and serves every output (profile_call.py's kernels).
+            if grad.numel() >= _ON_BITS and grad.dtype == incoming[0].dtype and grad.dtype in _BITS:
                 _zero_bits(grad, incoming[0])
             else:
                 zero = incoming[0] == 0 if zero is None else zero
