@@ -92,6 +92,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise _fail(instance, rule.label, site.op, f"'when' must give a bool tensor, not {got}")
     constant = rule.constant
+    may_set: bool | None = None  # counted once, for the first gradient filled in place
     for i in targets:
         grad = grads[i]
         if grad is None:
@@ -99,7 +100,8 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
         if mask.shape != grad.shape:
             _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
         if constant is not None and plain and _owned(grad, grad_outputs):
-            if _may_set(mask):
+            may_set = _may_set(mask) if may_set is None else may_set
+            if may_set:
                 grad.masked_fill_(mask, constant)
             continue
         value = constant if constant is not None else _value(rule, site, env)
@@ -250,8 +252,8 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
                    grad_outputs: Sequence[torch.Tensor | None], traced: bool,
                    plain: bool) -> list[torch.Tensor]:
     """Zero every outgoing gradient element whose incoming gradients are all exactly zero; return
-    the masks of the elements it changed (none for a gradient zeroed in place on its bits, which
-    is done only where nobody counts: not ``traced``, no graph differentiating this backward).
+    the masks of the elements it changed (none for a gradient zeroed in place, which is done only
+    where nobody counts: not ``traced``, no graph differentiating this backward).
 
     Where an incoming element is exactly zero, the outgoing element a backward computes from it is
     zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
