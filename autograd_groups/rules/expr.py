@@ -72,11 +72,6 @@ _COMPARE: dict[type, Callable[[Any, Any], Any]] = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
     ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
-#: The comparisons of two plain tensors, without the Python layer of ``Tensor.__eq__`` & co.
-_TENSOR_COMPARE: dict[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] = {
-    operator.eq: torch.Tensor.eq, operator.ne: torch.Tensor.ne, operator.lt: torch.Tensor.lt,
-    operator.le: torch.Tensor.le, operator.gt: torch.Tensor.gt, operator.ge: torch.Tensor.ge,
-}
 #: ``a op b`` is ``b mirrored(op) a``.
 _MIRRORED: dict[Callable[[Any, Any], Any], Callable[[Any, Any], Any]] = {
     operator.eq: operator.eq, operator.ne: operator.ne, operator.lt: operator.gt,
@@ -342,7 +337,6 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
     number, a compiler's fake tensor, a tensor of a torch.func transform -- is compared with the
     number itself."""
     made: dict[object, torch.Tensor] = {}
-    tensors = _TENSOR_COMPARE[cmp]
 
     def evaluate(env: Env) -> Any:
         x = operand(env)
@@ -355,7 +349,7 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
         other = made.get(key)
         if other is None:
             other = made[key] = torch.tensor(value, dtype=torch.result_type(x, value), device=x.device)
-        return tensors(x, other)
+        return cmp(x, other)
 
     return evaluate
 
