@@ -115,16 +115,27 @@ def node_op(node: object) -> str:
     return op_name_of_class(type(node).__name__)
 
 
+# Per node class, asked at every rule site a NaN-safe group installs.
+_generated: dict[type, bool] = {}
+_pointwise: dict[type, bool] = {}
+
+
 def is_generated_class(node_class: type) -> bool:
     """Whether autograd generates this node class from an op's derivative formula (not a custom
     ``autograd.Function``): its backward is then a linear function of the incoming gradient."""
-    return getattr(torch._C._functions, node_class.__name__, None) is node_class
+    found = _generated.get(node_class)
+    if found is None:
+        found = _generated[node_class] = getattr(torch._C._functions, node_class.__name__, None) is node_class
+    return found
 
 
 def is_pointwise_class(node_class: type) -> bool:
     """Whether the op of an autograd node class is elementwise (ATen's ``pointwise`` tag)."""
-    info = catalogue().get(_class_key(node_class))
-    return info is not None and info.pointwise
+    found = _pointwise.get(node_class)
+    if found is None:
+        info = catalogue().get(_class_key(node_class))
+        found = _pointwise[node_class] = info is not None and info.pointwise
+    return found
 
 
 _saved_by_class: dict[type, tuple[str, ...]] = {}

@@ -75,10 +75,6 @@ def _scales_safely(value: Any) -> bool:
 #: ``grad * self.cos()``, ``grad.bmm(mat2.transpose(1, 2))``, ``grad * result`` for exp, ...).
 _PRODUCTS = frozenset({"MulBackward0", "MmBackward0", "BmmBackward0", "ExpBackward0", "SinBackward0",
                        "CosBackward0", "TanhBackward0", "SigmoidBackward0"})
-#: Node classes whose backward divides the incoming gradient by one saved tensor: ``sqrt``'s
-#: ``grad / (2 * result)``, ``log``'s ``grad / self``, and ``div``'s ``grad / other`` when the
-#: divisor needs no gradient (its own, ``-grad * self / other / other``, can overflow).
-_QUOTIENTS = {"SqrtBackward0": "result", "LogBackward0": "self", "DivBackward0": "other"}
 
 
 #: The most elements of saved tensors read in one call: checking costs a pass over them, and above
@@ -87,12 +83,13 @@ CHECKED = 16384
 
 
 def _divides_safely(node: Any) -> bool:
-    """Whether a quotient node divides by a nonzero, finite scalar (``x / 6``); a divisor with more
+    """Whether a ``div`` node divides by a nonzero, finite scalar (``x / 6``, a Python number that
+    autograd saves as a 0-dim tensor): its backward is then ``grad / other``. Not where the divisor
+    needs a gradient: its own, ``-grad * self / other / other``, can overflow. A divisor with more
     elements is not read: testing it costs about what its node's hook would."""
-    name = type(node).__name__
-    if name == "DivBackward0" and node.next_functions[1][0] is not None:
-        return False  # the divisor's own gradient, ``-grad * self / other / other``, can overflow
-    value = getattr(node, "_saved_" + _QUOTIENTS[name])
+    if node.next_functions[1][0] is not None:
+        return False
+    value = node._saved_other
     return (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_cpu
             and 0 < abs(value.item()) < math.inf)
 
@@ -100,7 +97,7 @@ def _divides_safely(node: Any) -> bool:
 def passing_now(members: list[Any]) -> set[int]:
     """The ids of the nodes among ``members`` that pass an exactly zero gradient on as zero in this
     call, for the values they saved: the products (:data:`_PRODUCTS`) where all their saved tensors
-    are finite, read at once, and the quotients (:data:`_QUOTIENTS`) by a nonzero scalar.
+    are finite, read at once, and the quotients by a nonzero scalar.
 
     The caller makes sure that the values may be read: an eager CPU forward, no compiler, no
     ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them).
@@ -118,7 +115,7 @@ def passing_now(members: list[Any]) -> set[int]:
     elements = 0
     for node in members:
         name = type(node).__name__
-        if name in _QUOTIENTS and _divides_safely(node):
+        if name == "DivBackward0" and _divides_safely(node):
             quiet.add(id(node))
         elif name in _PRODUCTS and elements <= CHECKED:  # past the bound, reading them is wasted
             products.append(node)

@@ -155,11 +155,8 @@ class NanSafe:
 
     doc: str = ""
     kind: ClassVar[str] = "nan_safe"
-
-    @property
-    def label(self) -> str:
-        """A short description used in errors, traces and statistics."""
-        return "nan_safe"
+    #: A short description used in errors, traces and statistics.
+    label: ClassVar[str] = "nan_safe"
 
 
 @dataclass

@@ -417,15 +417,16 @@ class SiteHook:
         name = instance.name
         if not (flag.backward_enabled(name) if counted else flag.backward_state().for_group(name)):
             return None
+        graphed = torch.is_grad_enabled()
         if counted:
-            node: Any = torch._C._current_autograd_node()
+            # A NaN-safe site reads the node only for the formula a second derivative goes through.
+            node: Any = torch._C._current_autograd_node() if self.subgradients or graphed else None
         else:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
             node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
         grads = list(grad_inputs)
         traced = counted and instance.graph is not None
-        graphed = torch.is_grad_enabled()
         # Read before the rules replace them: whether a graph will differentiate what they give
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and graphed and any(
