@@ -140,10 +140,8 @@ def backward_enabled(name: str) -> bool:
     >>> backward_enabled("cdist")
     True
     """
-    if not torch._C._is_key_in_tls(_BACKWARD_KEY):
-        return True
-    state: FlagState = torch._C._get_obj_in_tls(_BACKWARD_KEY)
-    return state.for_group(name)
+    state = _scoped()
+    return state is None or state.for_group(name)
 
 
 def backward_state() -> FlagState:
