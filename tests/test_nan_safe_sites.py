@@ -210,6 +210,24 @@ def test_the_rule_sites_of_a_call_follow_its_values() -> None:
         assert not y.grad.isnan().any() and not x.grad.isnan().any()
 
 
+def test_a_second_derivative_through_a_product_without_a_hook() -> None:
+    # x * y saves finite values, so it has no hook: its formula is differentiated plainly. Where
+    # the first-order gradient into it is infinite (sqrt at 0) and the second-order one is 0, that
+    # gives 0 * inf = NaN (docs/groups.md, "Second order through a rule"); elsewhere the function's.
+    ag.register_rule("sites.second", ag.NanSafe())
+
+    @ag.autograd_group("sites.second")
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x * y)
+
+    x = torch.tensor([0.0, 1.0], dtype=torch.float64, requires_grad=True)
+    y = torch.tensor([2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    gx, gy = torch.autograd.grad(f(x, y).sum(), (x, y), create_graph=True)
+    assert gx[0].item() == INF and gy[0].isnan()
+    hx, hy = torch.autograd.grad((gx * 0).sum(), (x, y))
+    assert hy[0].isnan() and torch.equal(hx, torch.zeros(2, dtype=torch.float64)) and hy[1].item() == 0.0
+
+
 @pytest.mark.parametrize("create_graph", [False, True])
 def test_a_backward_not_linear_in_its_gradient_is_still_zeroed(create_graph: bool) -> None:
     # _Constant is not elementwise for the group: its gradient is zeroed when all of its incoming
