@@ -21,9 +21,8 @@ all (the instance, its walk and its counts), against the group as it is and the 
 A third table times, in the same process, the kernels the hooks run or choose between on the CPU:
 a subgradient's compare with a number, counting a bool mask against the fill it may skip
 (subgradient rules), and for a NaN-safe site the sum that tells whether a gradient has anything to
-zero, then zeroing a float32 gradient where the incoming gradient is 0 with a bool mask and
-``torch.where``, with integer ops on the bits, and with ``masked_fill_`` of a mask of the incoming
-zeros made once for the node's gradients.
+zero, then zeroing a float32 gradient where the incoming gradient is 0: with ``torch.where``, with
+``masked_fill_``, and as the hooks do, multiplying its bits by ``incoming.bool()``.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ from common import interleaved_medians, markdown_table  # noqa: E402
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.groups import group, lifecycle  # noqa: E402
 from autograd_groups.sites import hooks  # noqa: E402
-from autograd_groups.sites.hooks import _zero_bits  # noqa: E402
+from autograd_groups.sites.hooks import _keep_where  # noqa: E402
 
 _spent: dict[str, float] = {}
 
@@ -170,16 +169,16 @@ def _zeroing(shape: tuple[int, ...], repeats: int) -> list[str]:
     incoming, base = torch.rand(shape), torch.rand(shape)
     incoming[incoming < 0.125] = 0
     base[incoming == 0] = float("nan")
-    zero = incoming == 0
     m = interleaved_medians({"look": lambda: base.sum().item(),
                              "where": lambda: torch.where(incoming == 0, 0.0, base),
-                             "bits": lambda: _zero_bits(base.clone(), incoming),
-                             "fill": lambda: base.clone().masked_fill_(zero, 0),
+                             "fill": lambda: base.clone().masked_fill_(incoming == 0, 0),
+                             "keep": lambda: _keep_where(base.clone(), incoming.bool()),
                              "clone": lambda: base.clone()}, repeats)
     return [f"NaN-safe, {shape}: a gradient's sum read (the look) / zero where incoming is 0: "
-            f"where(incoming == 0, 0, grad) / bits / masked_fill_ of a shared mask (less a clone)",
-            f"{m['look'] * 1e6:.1f} / {m['where'] * 1e6:.1f} / {(m['bits'] - m['clone']) * 1e6:.1f} / "
-            f"{(m['fill'] - m['clone']) * 1e6:.1f}"]
+            f"where(incoming == 0, 0, grad) / masked_fill_(incoming == 0) / the bits times "
+            f"incoming.bool() (both less a clone)",
+            f"{m['look'] * 1e6:.1f} / {m['where'] * 1e6:.1f} / {(m['fill'] - m['clone']) * 1e6:.1f} / "
+            f"{(m['keep'] - m['clone']) * 1e6:.1f}"]
 
 
 def kernels(repeats: int) -> list[list[str]]:

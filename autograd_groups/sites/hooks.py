@@ -155,8 +155,6 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
 
 #: The smallest mask worth counting before a fill (see _may_set).
 _COUNTED = 4096
-#: The smallest gradient a NaN-safe site zeroes on its bits.
-_ON_BITS = 16384
 
 
 def _may_set(mask: torch.Tensor) -> bool:
@@ -268,18 +266,14 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     look = plain and site.linear and _may_look(incoming[0])
     elementwise = len(incoming) == 1 and site.elementwise
     zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
+    nonzero: torch.Tensor | None = None  # its complement, for the gradients zeroed in place
     for i, grad in enumerate(grads):
         if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
             continue
         same = elementwise and grad.shape == incoming[0].shape
         if same and look and not traced and _owned(grad, grad_outputs):
-            # In place: on its bits where the gradient is large, else with the mask of zeros, which
-            # costs less below that size and serves every output (profile_call.py's kernels).
-            if grad.numel() >= _ON_BITS and grad.dtype == incoming[0].dtype and grad.dtype in _BITS:
-                _zero_bits(grad, incoming[0])
-            else:
-                zero = incoming[0] == 0 if zero is None else zero
-                grad.masked_fill_(zero, 0)
+            nonzero = incoming[0].bool() if nonzero is None else nonzero
+            _keep_where(grad, nonzero)
             continue
         if same:
             zero = incoming[0] == 0 if zero is None else zero
@@ -302,22 +296,23 @@ def _may_look(grad: torch.Tensor) -> bool:
     return grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
 
 
-#: Per floating dtype: the integer dtype of its bits, and the mask of all bits but the sign.
-_BITS = {torch.float64: (torch.int64, 0x7FFF_FFFF_FFFF_FFFF), torch.float32: (torch.int32, 0x7FFF_FFFF),
-         torch.float16: (torch.int16, 0x7FFF), torch.bfloat16: (torch.int16, 0x7FFF)}
+#: Per floating dtype, the integer dtype of its bits.
+_BITS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+         torch.bfloat16: torch.int16}
 
 
-def _zero_bits(grad: torch.Tensor, incoming: torch.Tensor) -> None:
-    """Set ``grad`` to 0 where ``incoming`` is ±0, in place, with integer ops on their bits.
+def _keep_where(grad: torch.Tensor, nonzero: torch.Tensor) -> None:
+    """Set ``grad`` to 0 where the bool ``nonzero`` is False, in place, NaN kept elsewhere.
 
-    The same as ``grad.masked_fill_(incoming == 0, 0)``, NaN kept where ``incoming`` is not 0, at
-    about half its cost on the CPU, where a bool mask and a select are slow kernels (measured in
-    docs/performance.md, "NaN-safe groups").
+    A floating gradient's bits are multiplied by the mask as integers: a bool mask made with
+    ``.bool()`` and one integer product are two kernels that cost less than ``== 0`` and
+    ``masked_fill_`` at every size on the CPU (``profile_call.py``'s kernels).
     """
-    bits, magnitude = _BITS[grad.dtype]
-    keep = incoming.view(bits) & magnitude  # 0 exactly where incoming is ±0
-    keep.clamp_(max=1).neg_()  # then all bits set where incoming is not 0
-    grad.view(bits).bitwise_and_(keep)
+    bits = _BITS.get(grad.dtype)
+    if bits is None:
+        grad.masked_fill_(nonzero.logical_not(), 0)
+    else:
+        grad.view(bits).mul_(nonzero)
 
 
 def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor]:
