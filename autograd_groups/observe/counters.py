@@ -83,16 +83,15 @@ def note_backward(instance: GroupInstance) -> None:
         count_backward(instance.name, instance.site)
 
 
-def count_site(instance: GroupInstance, ran: Sequence[tuple[Rule, Any]],
-               elements: Sequence[int] | None = None) -> None:
+def count_site(instance: GroupInstance, rules: Sequence[Rule], elements: Sequence[int] | None = None) -> None:
     """One run of a rule site of ``instance``: the backward pass running now, once per pass, and
-    one call of each rule of ``ran`` (``(rule, anything)`` pairs), with the ``elements`` each
-    changed where counted, under one lock (a site runs at every backward of every call)."""
+    one call of each of ``rules``, with the ``elements`` each changed where counted, under one lock
+    (a site runs at every backward of every call)."""
     first = instance.new_pass()
     with _lock:
         counter = _site(instance.name, instance.site)
         counter.backward_passes += first
-        for k, (rule, _) in enumerate(ran):
+        for k, rule in enumerate(rules):
             found = counter.rules.get(rule.label)
             if found is None:
                 found = counter.rules[rule.label] = _RuleCounter(rule.kind)

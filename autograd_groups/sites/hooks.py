@@ -54,8 +54,7 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     if (type(grad) is not torch.Tensor or grad._base is not None or not grad.is_contiguous()
             or not torch._C._has_storage(grad)):
         return False
-    pointer = grad.data_ptr()
-    return all(g is None or g.data_ptr() != pointer for g in grad_outputs)
+    return grad.data_ptr() not in [g.data_ptr() for g in grad_outputs if g is not None]
 
 
 def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads: Grads,
@@ -66,16 +65,38 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     ``node`` is the autograd node running the backward, or None where the backward runs without
     one (compiled autograd): then the values the rule reads are those ``site`` captured at forward.
     """
-    instance = site.instance
     count, only = len(grads), rule.input
-    targets = range(count) if only is None else (only,) if only < count else ()
-    for i in targets:
-        if grads[i] is not None:
-            break
-    else:
-        # No gradient to set (an undefined incoming gradient, or inputs that need none, whose
-        # saved values autograd may not have kept): the rule has nothing to do.
-        return _NOTHING
+    mask: torch.Tensor | None = None
+    env: dict[str, Any] = {}
+    may_set: bool | None = None  # counted once, for the first gradient filled in place
+    for i in (range(count) if only is None else (only,) if only < count else ()):
+        grad = grads[i]
+        if grad is None:
+            # No gradient to set (an undefined incoming gradient, or an input that needs none, whose
+            # saved values autograd may not have kept): the rule has nothing to do here.
+            continue
+        if mask is None:
+            env, mask = _when(rule, site, node, grad_outputs)
+        if mask.shape != grad.shape:
+            _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
+        constant = rule.constant
+        if constant is not None and plain and _owned(grad, grad_outputs):
+            may_set = _may_set(mask) if may_set is None else may_set
+            if may_set:
+                grad.masked_fill_(mask, constant)
+            continue
+        value = constant if constant is not None else _value(rule, site, env)
+        if isinstance(value, torch.Tensor) and value.shape != grad.shape:
+            _check_shape(rule, site, "'grad' gave a value", value.shape, i, grads, env)
+        _protect_formula(site.instance, node, grad, grad_outputs)
+        grads[i] = torch.where(mask, value, grad)
+    return _NOTHING if mask is None else mask
+
+
+def _when(rule: Subgradient, site: SiteHook, node: Any | None,
+          grad_outputs: Sequence[torch.Tensor | None]) -> tuple[dict[str, Any], torch.Tensor]:
+    """The values ``rule`` reads, and its ``when`` over them: where it sets the gradient."""
+    instance = site.instance
     if instance.transposed and not rule.transposable:
         raise _fail(instance, rule.label, site.op,
                     "a forward-mode pass (jvp, jacfwd, hessian, forward_ad) reached this rule, and "
@@ -91,25 +112,7 @@ def apply_subgradient(rule: Subgradient, site: SiteHook, node: Any | None, grads
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = f"a tensor of dtype {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise _fail(instance, rule.label, site.op, f"'when' must give a bool tensor, not {got}")
-    constant = rule.constant
-    may_set: bool | None = None  # counted once, for the first gradient filled in place
-    for i in targets:
-        grad = grads[i]
-        if grad is None:
-            continue
-        if mask.shape != grad.shape:
-            _check_shape(rule, site, "'when' gave a mask", mask.shape, i, grads, env)
-        if constant is not None and plain and _owned(grad, grad_outputs):
-            may_set = _may_set(mask) if may_set is None else may_set
-            if may_set:
-                grad.masked_fill_(mask, constant)
-            continue
-        value = constant if constant is not None else _value(rule, site, env)
-        if isinstance(value, torch.Tensor) and value.shape != grad.shape:
-            _check_shape(rule, site, "'grad' gave a value", value.shape, i, grads, env)
-        _protect_formula(instance, node, grad, grad_outputs)
-        grads[i] = torch.where(mask, value, grad)
-    return mask
+    return env, mask
 
 
 #: What a rule that had no gradient to set reports as the elements it set.
@@ -383,14 +386,16 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "vertex", "node_class", "linear", "elementwise",
-                 "captured")
+    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "linear",
+                 "elementwise", "captured")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
         self.instance = instance
         self.subgradients = subgradients
         self.nan_safe = nan_safe
+        #: The rules that run here, in the order they run.
+        self.rules: tuple[Subgradient | NanSafe, ...] = (*subgradients, *([nan_safe] if nan_safe else []))
         self.vertex = vertex
         self.node_class: type = type(node)
         #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those
@@ -408,10 +413,30 @@ class SiteHook:
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
         instance = self.instance
-        counted = not torch.compiler.is_compiling()
-        name = instance.name
-        if not (flag.backward_enabled(name) if counted else flag.backward_state().for_group(name)):
+        if torch.compiler.is_compiling():
+            if not flag.backward_state().for_group(instance.name):
+                return None
+            return self._run(list(grad_inputs), grad_outputs, False)
+        if not flag.backward_enabled(instance.name):
             return None
+        grads = list(grad_inputs)
+        if instance.graph is not None or torch.is_grad_enabled() or peek_interpreter_stack() is not None:
+            return self._run(grads, grad_outputs, True)
+        # The usual backward: eager, first order, outside torch.func, and nobody counts elements.
+        # Its gradients are plain tensors, which a rule may read and fill in place.
+        node = torch._C._current_autograd_node() if self.subgradients else None
+        for rule in self.subgradients:
+            apply_subgradient(rule, self, node, grads, grad_outputs, True)
+        if self.nan_safe is not None:
+            apply_nan_safe(self, node, grads, grad_outputs, False, True)
+        counters.count_site(instance, self.rules)
+        return tuple(grads)
+
+    def _run(self, grads: Grads, grad_outputs: Sequence[torch.Tensor | None],
+             counted: bool) -> tuple[torch.Tensor | None, ...]:
+        """The site's rules in any other backward: traced, differentiated (``create_graph``, a
+        ``torch.func`` transform), or traced by a compiler (not ``counted``)."""
+        instance = self.instance
         graphed = torch.is_grad_enabled()
         if counted:
             # A NaN-safe site reads the node only for the formula a second derivative goes through.
@@ -420,14 +445,12 @@ class SiteHook:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
             node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
-        grads = list(grad_inputs)
         traced = counted and instance.graph is not None
         # Read before the rules replace them: whether a graph will differentiate what they give
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and graphed and any(
-            g is not None and levels.differentiated(g, instance.linear_levels) for g in grad_inputs)
-        # An eager first-order backward outside torch.func: its gradients are plain tensors, which
-        # a rule may read and fill in place (a compiler's or a transform's must stay in its graph).
+            g is not None and levels.differentiated(g, instance.linear_levels) for g in grads)
+        # An eager first-order backward outside torch.func (here: a traced one).
         plain = counted and not graphed and peek_interpreter_stack() is None
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
         for rule in self.subgradients:
@@ -449,10 +472,10 @@ class SiteHook:
         the elements each rule changed only where traced."""
         instance = self.instance
         if not traced:
-            counters.count_site(instance, ran)
+            counters.count_site(instance, self.rules)
             return
         elements = [sum(int(m.sum()) for m in masks) for _, masks in ran]
-        counters.count_site(instance, ran, elements)
+        counters.count_site(instance, self.rules, elements)
         for (rule, masks), n in zip(ran, elements):
             instance.record_hit(self.vertex, rule.label, n)
             if instance.recorder is not None:
