@@ -207,8 +207,10 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     sited = False
     for node in members:
         subgradients = rules.at(node)
-        sited = sited or bool(subgradients)
         nan_safe = rules.nan_safe
+        if not (subgradients or nan_safe or write):
+            continue
+        sited = sited or bool(subgradients)
         if nan_safe is not None and not subgradients and id(node) in quiet:
             nan_safe = None
         claim = node.metadata.get(CLAIM) if read else None

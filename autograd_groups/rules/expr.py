@@ -340,10 +340,11 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
 
     def evaluate(env: Env) -> Any:
         x = operand(env)
-        # Not under a compiler, nor a torch.func transform, whose levels a tensor made in one
-        # call must not outlive.
+        # Not while Dynamo traces (its tensors pass for plain ones), nor for AOTAutograd's (fake,
+        # functional: subclasses), nor under a torch.func transform, whose levels a tensor made in
+        # one call must not outlive.
         if (type(x) is not torch.Tensor or peek_interpreter_stack() is not None
-                or torch.compiler.is_compiling()):
+                or torch.compiler.is_dynamo_compiling()):
             return cmp(x, value)
         key = x.dtype if x.is_cpu else (x.dtype, x.device)  # a device object costs more than the key
         other = made.get(key)
