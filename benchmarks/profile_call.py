@@ -16,7 +16,9 @@ does it with a clock (about 0.1 µs per wrapper); the table gives medians over `
 A second table gives what the design costs before a rule does anything: forward + backward of the
 group with its rule site's hook replaced by one that returns None, and with no hook installed at
 all (the instance, its walk and its counts), against the group as it is and the plain composite
-(interleaved, before the clocks are installed).
+(interleaved, before the clocks are installed); then the least a rule site written in Python can
+cost, the same group written by hand without the library (``lean_group.py``), bare and with the
+library's bookkeeping.
 
 A third table times, in the same process, the kernels the hooks run or choose between on the CPU:
 a subgradient's compare with a number, counting a bool mask against the fill it may skip
@@ -41,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_targets import norm3, vectors  # noqa: E402
 from common import interleaved_medians, markdown_table  # noqa: E402
+from lean_group import bare, kept  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.groups import group, lifecycle  # noqa: E402
@@ -136,10 +139,11 @@ def floors(grouped: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rep
 
         return run
 
-    def variant(name: str, hook: Any, install: Any) -> list[str]:
+    def variant(name: str, hook: Any, install: Any, fn: Callable[[torch.Tensor], torch.Tensor] = grouped,
+                ) -> list[str]:
         hooks.SiteHook.__call__, lifecycle.install_rules = hook, install  # type: ignore[method-assign]
         try:
-            m = interleaved_medians({"plain": step(norm3), "group": step(grouped)}, repeats)
+            m = interleaved_medians({"plain": step(norm3), "group": step(fn)}, repeats)
         finally:
             hooks.SiteHook.__call__, lifecycle.install_rules = call, install_rules  # type: ignore[method-assign]
         group, plain = m["group"], m["plain"]
@@ -148,7 +152,9 @@ def floors(grouped: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rep
     call, install_rules = hooks.SiteHook.__call__, lifecycle.install_rules
     return [variant("group, rules on", call, install_rules),
             variant("group, hook that returns None", lambda self, *grads: None, install_rules),
-            variant("group, no hook installed", call, lambda *args, **kwargs: None)]
+            variant("group, no hook installed", call, lambda *args, **kwargs: None),
+            variant("by hand (lean_group.py): walk, hook, compare, fill", call, install_rules, bare),
+            variant("by hand, with the bookkeeping the library keeps", call, install_rules, kept)]
 
 
 def _count_or_fill(n: int, repeats: int) -> list[str]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,9 +82,29 @@ def test_profile_call_prints_every_phase_the_floors_and_the_kernels() -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     phases = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| f")
-              or line.startswith("| b")]
+              or line.startswith("| backward")]
     assert phases == ["forward, ops", "forward, entry", "forward, open", "forward, walk",
                       "forward, hook install", "backward, engine", "backward, hook", "forward + backward"]
     floors = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| group")]
     assert floors == ["group, rules on", "group, hook that returns None", "group, no hook installed"]
+    by_hand = [line.split(" | ")[0][2:] for line in done.stdout.splitlines() if line.startswith("| by hand")]
+    assert by_hand == ["by hand (lean_group.py): walk, hook, compare, fill",
+                       "by hand, with the bookkeeping the library keeps"]
     assert done.stdout.count("| NaN-safe, (") == 4
+
+
+def test_the_hand_written_groups_give_the_norms_gradient() -> None:
+    """profile_call's floors are worth comparing only if lean_group's rule sites do the rule's work:
+    the gradient of the norm, 0 at the zero row, where the plain composite gives NaN."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_targets
+        import lean_group
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    x = bench_targets.vectors()
+    want = torch.autograd.grad(bench_targets.norm3_reference(x).sum(), x)[0]
+    for fn in (lean_group.bare, lean_group.kept):
+        got = torch.autograd.grad(fn(x).sum(), x)[0]
+        torch.testing.assert_close(got, want)
+    assert torch.autograd.grad(bench_targets.norm3(x).sum(), x)[0].isnan().any()

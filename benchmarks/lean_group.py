@@ -1,0 +1,107 @@
+"""The 3-op group of issue 23 written by hand, without the library: what Python itself costs.
+
+``profile_call.py`` times these beside the library's group to show how far its per-call cost is
+from the least any Python rule site can cost: ``bare`` finds the nodes a call made, hooks the
+``sqrt`` and at backward compares its saved result with 0 and fills the gradient there, and
+nothing else; ``kept`` adds the bookkeeping the library cannot drop (DESIGN.md): the flag read at
+forward and at backward, the compiler and tracer checks, counts per call site under a lock, an
+instance on the open-group stack and a claim on the hooked node. Neither is a group: one rule,
+one op, no errors, no nesting, no torch.func, no compiler.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import torch
+from torch._C._functorch import peek_interpreter_stack
+
+from autograd_groups import flag
+from autograd_groups.observe import anomaly, tracer
+
+_ZERO = torch.zeros(())
+_lock = threading.Lock()
+_counts: dict[tuple[str, tuple[str, int]], list[int]] = {}
+_local = threading.local()
+
+
+def _members(out: torch.Tensor, start: int) -> list[Any]:
+    """The nodes made since sequence number ``start`` that ``out`` depends on."""
+    found, seen, stack = [], set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or type(node).__name__ == "AccumulateGrad" or node._sequence_nr() < start:
+            continue
+        seen.add(id(node))
+        found.append(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found
+
+
+def _fill(grad_inputs: Any, grad_outputs: Any) -> Any:
+    grad = grad_inputs[0]
+    mask = torch._C._current_autograd_node()._saved_result == _ZERO
+    if grad._base is None and grad.data_ptr() != grad_outputs[0].data_ptr():
+        grad.masked_fill_(mask, 0.0)
+    return grad_inputs
+
+
+def bare(x: torch.Tensor) -> torch.Tensor:
+    start = torch._C._autograd._get_sequence_nr()
+    out = torch.sqrt((x * x).sum(-1))
+    for node in _members(out, start):
+        if type(node).__name__ == "SqrtBackward0":
+            node.register_hook(_fill)
+    return out
+
+
+class _Instance:
+    __slots__ = ("name", "site", "task")
+
+
+class _Site:
+    __slots__ = ("instance",)
+
+    def __init__(self, instance: _Instance) -> None:
+        self.instance = instance
+
+    def __call__(self, grad_inputs: Any, grad_outputs: Any) -> Any:
+        instance = self.instance
+        if torch.compiler.is_compiling() or not flag.backward_enabled(instance.name):
+            return None
+        if torch.is_grad_enabled() or peek_interpreter_stack() is not None:
+            return None
+        _fill(grad_inputs, grad_outputs)
+        task = torch._C._current_graph_task_id()
+        first, instance.task = task != instance.task, task
+        with _lock:
+            counts = _counts[(instance.name, instance.site)]
+            counts[1] += first
+            counts[2] += 1
+        return grad_inputs
+
+
+def kept(x: torch.Tensor) -> torch.Tensor:
+    name = "lean"
+    if not flag.enabled_for(name) or torch.compiler.is_compiling() or torch._C._is_tracing():
+        return torch.sqrt((x * x).sum(-1))
+    frame = sys._getframe(1)
+    site = (frame.f_code.co_filename, frame.f_lineno)
+    with _lock:
+        counts = _counts.setdefault((name, site), [0, 0, 0])
+        counts[0] += 1
+    tracer.active(), anomaly.active()
+    instance = _Instance()
+    instance.name, instance.site, instance.task = name, site, -1
+    stack = _local.__dict__.setdefault("stack", [])
+    stack.append(instance)
+    start = torch._C._autograd._get_sequence_nr()
+    out = torch.sqrt((x * x).sum(-1))
+    stack.pop()
+    for node in _members(out, start):
+        if type(node).__name__ == "SqrtBackward0":
+            node.register_hook(_Site(instance))
+            node.metadata["lean"] = instance
+    return out
