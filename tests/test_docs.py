@@ -2,7 +2,7 @@
 
 Each file's blocks run in order in one namespace (a page is one session), in a temporary working
 directory, inside ``ag.registry_scope()`` so a page's rules do not leak into other tests. Links to
-local files and the mkdocs navigation are checked too.
+local files (and the headings they name) and the mkdocs navigation are checked too.
 """
 
 from __future__ import annotations
@@ -75,16 +75,33 @@ def test_python_blocks_are_marked_python(page: Path) -> None:
     assert not odd, f"{_name(page)}: fence these as ```python (or ```text if not to be run): {odd}"
 
 
+HEADING = re.compile(r"^#{1,6}[ \t]+(?P<title>.*?)[ \t]*$", re.MULTILINE)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a Markdown page's headings, as GitHub and MkDocs' ``toc`` spell them."""
+    found = set()
+    for match in HEADING.finditer(FENCE.sub("", page.read_text())):
+        title = match.group("title").replace("`", "").lower()
+        found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+        found.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", title).strip()))
+    return found
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_name)
 def test_local_links_exist(page: Path) -> None:
     text = FENCE.sub("", page.read_text())
     missing = []
     for match in LINK.finditer(text):
-        target = match.group("target").split("#")[0]
-        local = target and "://" not in target and not target.startswith("mailto:")
-        if local and not (page.parent / target).exists():
+        target, _, anchor = match.group("target").partition("#")
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        path = page.parent / target if target else page
+        if target and not path.exists():
             missing.append(target)
-    assert not missing, f"{_name(page)} links to files that do not exist: {missing}"
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            missing.append(match.group("target"))
+    assert not missing, f"{_name(page)} links to files or headings that do not exist: {missing}"
 
 
 def _nav_pages(nav: list[object]) -> list[str]:
