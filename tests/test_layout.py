@@ -49,3 +49,12 @@ def test_no_import_cycles_between_modules() -> None:
     packages = [n for n in graph if (PACKAGE.parent / n.replace(".", "/") / "__init__.py").exists()]
     cycles = list(nx.simple_cycles(graph.subgraph(set(graph) - set(packages))))
     assert cycles == []
+
+
+def test_rule_sites_stand_below_the_groups() -> None:
+    """``sites/`` (what runs at backward) imports nothing from ``groups/`` (what opens instances and
+    hooks the sites): the layers of docs/groups.md's module map."""
+    graph = import_graph()
+    upward = [(a, b) for a, b in graph.edges if a.startswith("autograd_groups.sites.")
+              and b.startswith("autograd_groups.groups")]
+    assert upward == []

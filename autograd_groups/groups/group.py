@@ -19,9 +19,9 @@ from ..rules import registry
 from ..rules.kinds import OverrideContext
 from ..sites import tangents
 from ..sites.levels import graph_roots
-from ..sites.override import run_override
 from . import compiled
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
+from .override import run_override
 
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()

@@ -99,7 +99,7 @@ def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> boo
     """Whether a call of a group with rules runs as one ``_Transposed`` op: under forward mode, or,
     for a group with an override, under any ``torch.func`` transform, where the override's own
     ``autograd.Function`` cannot run. Groups called while one runs (in its function, vjp or jvp)
-    run as they are: an override group there is refused (sites/override.py).
+    run as they are: an override group there is refused (groups/override.py).
 
     >>> wanted((torch.ones(2),), {}, override=False)
     False

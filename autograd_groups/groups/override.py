@@ -14,11 +14,11 @@ import torch
 
 from .. import flag
 from ..errors import RuleError
-from ..groups.lifecycle import close_instance, open_instances, pop_instance, tensors_of
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
-from . import tangents
+from ..sites import tangents
+from .lifecycle import close_instance, open_instances, pop_instance, tensors_of
 
 
 class _Run:
