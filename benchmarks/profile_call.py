@@ -18,7 +18,8 @@ group with its rule site's hook replaced by one that returns None, and with no h
 all (the instance, its walk and its counts), against the group as it is and the plain composite
 (interleaved, before the clocks are installed); then the least a rule site written in Python can
 cost, the same group written by hand without the library (``lean_group.py``), bare and with the
-library's bookkeeping.
+library's bookkeeping; and last the group once ``torch._dynamo`` is imported, as it is in a process
+that uses ``torch.compile``.
 
 A third table times, in the same process, the kernels the hooks run or choose between on the CPU:
 a subgradient's compare with a number, counting a bool mask against the fill it may skip
@@ -30,6 +31,7 @@ zero, then zeroing a float32 gradient where the incoming gradient is 0: with ``t
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -150,11 +152,15 @@ def floors(grouped: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rep
         return [name, f"{group * 1e6:.1f} (plain {plain * 1e6:.1f})", f"{group / plain:.2f}"]
 
     call, install_rules = hooks.SiteHook.__call__, lifecycle.install_rules
-    return [variant("group, rules on", call, install_rules),
+    rows = [variant("group, rules on", call, install_rules),
             variant("group, hook that returns None", lambda self, *grads: None, install_rules),
             variant("group, no hook installed", call, lambda *args, **kwargs: None),
             variant("by hand (lean_group.py): walk, hook, compare, fill", call, install_rules, bare),
             variant("by hand, with the bookkeeping the library keeps", call, install_rules, kept)]
+    # Last: a process that has imported Dynamo (any torch.compile) keeps it. A rule site then also
+    # keeps its saved values at forward, for a backward that compiled autograd may run.
+    importlib.import_module("torch._dynamo")
+    return rows + [variant("group, rules on, once torch._dynamo is imported", call, install_rules)]
 
 
 def _count_or_fill(n: int, repeats: int) -> list[str]:
