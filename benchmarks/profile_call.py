@@ -18,7 +18,8 @@ group with its rule site's hook replaced by one that returns None, and with no h
 all (the instance, its walk and its counts), against the group as it is and the plain composite
 (interleaved, before the clocks are installed); then the least a rule site written in Python can
 cost, the same group written by hand without the library (``lean_group.py``), bare and with the
-library's bookkeeping; and last the group once ``torch._dynamo`` is imported, as it is in a process
+library's bookkeeping, and the library's own objects driven by the shortest open, walk and install
+(an express path); and last the group once ``torch._dynamo`` is imported, as it is in a process
 that uses ``torch.compile``.
 
 A third table times, in the same process, the kernels the hooks run or choose between on the CPU:
@@ -45,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_targets import norm3, vectors  # noqa: E402
 from common import interleaved_medians, markdown_table  # noqa: E402
-from lean_group import bare, kept  # noqa: E402
+from lean_group import bare, express, kept  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.groups import group, lifecycle  # noqa: E402
@@ -156,7 +157,9 @@ def floors(grouped: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, rep
             variant("group, hook that returns None", lambda self, *grads: None, install_rules),
             variant("group, no hook installed", call, lambda *args, **kwargs: None),
             variant("by hand (lean_group.py): walk, hook, compare, fill", call, install_rules, bare),
-            variant("by hand, with the bookkeeping the library keeps", call, install_rules, kept)]
+            variant("by hand, with the bookkeeping the library keeps", call, install_rules, kept),
+            variant("the library's instance, site hook and counts, opened and hooked by hand", call,
+                    install_rules, express)]
     # Last: a process that has imported Dynamo (any torch.compile) keeps it. A rule site then also
     # keeps its saved values at forward, for a backward that compiled autograd may run.
     importlib.import_module("torch._dynamo")
