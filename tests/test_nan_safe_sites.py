@@ -276,3 +276,19 @@ def test_a_nan_where_the_gradient_comes_in_is_kept(dtype: torch.dtype, create_gr
     (grad,) = torch.autograd.grad(f(x).sum(), x, create_graph=create_graph)
     want = torch.tensor([NAN, 0.0, 0.0, 0.5, 0.0], dtype=dtype)
     torch.testing.assert_close(grad.detach(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_an_incoming_minus_zero_counts_as_zero_and_an_incoming_nan_as_not(dtype: torch.dtype) -> None:
+    # The CPU hook zeroes in place where incoming.bool() is False: -0.0 is a zero that comes in
+    # (log's 0 / 0 there is zeroed), NaN is not (its NaN is kept).
+    ag.register_rule("sites.signed", ag.NanSafe())
+    w = torch.tensor([-0.0, 0.0, NAN, 1.0], dtype=dtype)
+
+    @ag.autograd_group("sites.signed")
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x) * w
+
+    x = torch.tensor([0.0, 0.0, 2.0, 2.0], dtype=dtype, requires_grad=True)
+    (grad,) = torch.autograd.grad(f(x).sum(), x)
+    torch.testing.assert_close(grad, torch.tensor([0.0, 0.0, NAN, 0.5], dtype=dtype), equal_nan=True)
