@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import cdist as example  # noqa: E402
 from common import interleaved_medians, markdown_table, saved_bytes  # noqa: E402
+from lean_group import fill_at_sqrt  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 
@@ -48,30 +49,11 @@ class HandWrittenCdist(torch.autograd.Function):
         return grad_x1, grad_x2
 
 
-_SQRT = type(torch.ones(1, requires_grad=True).sqrt().grad_fn)
-_LEAF = type(torch.ones(1, requires_grad=True).sum().grad_fn.next_functions[0][0])
-
-
-def _fill_where_zero(grad_inputs: tuple[torch.Tensor, ...], grad_outputs: object) -> None:
-    node = torch._C._current_autograd_node()
-    grad_inputs[0].masked_fill_(node._saved_result == 0, 0)
-
-
 def floor_cdist(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """The least a post-hook design costs: the walk to the ``sqrt`` and one hook filling the
     gradient in place; no flag, counters, claims, rule lookup or expression."""
     start = torch._C._autograd._get_sequence_nr()
-    out = example.euclidean_cdist(x1, x2)
-    stack, seen = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or type(node) is _LEAF or node._sequence_nr() < start:
-            continue
-        seen.add(id(node))
-        if type(node) is _SQRT:
-            node.register_hook(_fill_where_zero)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return out
+    return fill_at_sqrt(example.euclidean_cdist(x1, x2), start)
 
 
 def same_gradients(variants: dict, x1: torch.Tensor, x2: torch.Tensor, rtol: float = 1e-4,

@@ -20,7 +20,6 @@ import warnings
 from typing import Any
 
 import torch
-from torch._C._functorch import peek_interpreter_stack
 
 from .. import frames, nodes
 from ..claims import CLAIM, Claim
@@ -203,7 +202,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
-    quiet = passing_now(members) if rules.nan_safe is not None and _values_readable() else set()
+    quiet = passing_now(members) if rules.nan_safe is not None and saved.readable() else set()
     sited = False
     for node in members:
         subgradients = rules.at(node)
@@ -237,13 +236,6 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         anomaly.watch(instance, members)
     if rules.subgradients and members and not sited:
         _warn_absent_ops(instance, members)
-
-
-def _values_readable() -> bool:
-    """Whether the forward may read the values nodes saved: not while a compiler or a ``torch.func``
-    transform traces it, nor under saved-tensor hooks, which would unpack (or recompute) them."""
-    return (not torch.compiler.is_compiling() and peek_interpreter_stack() is None
-            and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

@@ -27,7 +27,7 @@ from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import passes_zeros
-from . import levels
+from . import levels, saved
 
 Grads = list[torch.Tensor | None]
 _DYNAMO = "torch._dynamo"
@@ -325,8 +325,7 @@ def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor
     now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
     # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
     # its nodes (one started with compiled autograd enabled later is told so by the rule site).
-    if (_DYNAMO not in sys.modules or torch.compiler.is_compiling() or peek_interpreter_stack() is not None
-            or torch._C._autograd._top_saved_tensors_default_hooks(False) is not None):
+    if _DYNAMO not in sys.modules or not saved.readable():
         return {}
     try:
         return {name: getattr(node, attribute).detach()
@@ -395,7 +394,8 @@ class SiteHook:
         self.subgradients = subgradients
         self.nan_safe = nan_safe
         #: The rules that run here, in the order they run.
-        self.rules: tuple[Subgradient | NanSafe, ...] = (*subgradients, *([nan_safe] if nan_safe else []))
+        self.rules: tuple[Subgradient | NanSafe, ...] = (
+            subgradients if nan_safe is None else (*subgradients, nan_safe))
         self.vertex = vertex
         self.node_class: type = type(node)
         #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those

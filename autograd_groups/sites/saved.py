@@ -1,4 +1,4 @@
-"""Saved values a rule can read again under saved-tensor hooks.
+"""Saved values: whether the forward may read them now, and reading them again under saved-tensor hooks.
 
 A subgradient rule reads its op's saved values (``result == 0``) in a post-hook, after the op's own
 backward has read them. Plain autograd allows that, but a saved-tensor hook may not:
@@ -15,6 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._C._functorch import peek_interpreter_stack
+
+
+def readable() -> bool:
+    """Whether the forward running now may read the values nodes saved: not while a compiler or a
+    ``torch.func`` transform traces it, nor under saved-tensor hooks, which would unpack (or
+    recompute) them.
+
+    >>> readable()
+    True
+    """
+    return (not torch.compiler.is_compiling() and peek_interpreter_stack() is None
+            and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
 
 
 class _Packed:
