@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test test-torch bench lint clean
 
 $(STAMP): pyproject.toml constraints-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,23 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
+# The whole suite on another PyTorch release, in a venv of its own (.venv-torch-V). The registry's
+# wheels for other releases carry CUDA libraries (about 5 GB); they run on the CPU.
+# PIP_CONSTRAINT=/dev/null lifts a machine-wide pip cap on torch for this install only.
+V ?=
+TORCH_VENV := .venv-torch-$(V)
+
+$(TORCH_VENV)/.installed: pyproject.toml
+	@test -n "$(V)" || { echo "make test-torch: name a release, e.g. make test-torch V=2.15.0"; exit 2; }
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/pip install -q --upgrade pip
+	echo "torch==$(V)" > $(TORCH_VENV)/constraints.txt
+	PIP_CONSTRAINT=/dev/null $(TORCH_VENV)/bin/pip install -q -c $(TORCH_VENV)/constraints.txt -e '.[dev,examples,viz]'
+	touch $@
+
+test-torch: $(TORCH_VENV)/.installed
+	$(TORCH_VENV)/bin/python -m pytest -q -n 2 --dist loadgroup
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
@@ -28,4 +45,4 @@ lint: $(STAMP)
 	$(BIN)/mypy autograd_groups
 
 clean:
-	rm -rf $(VENV) out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-torch-* out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -43,6 +43,10 @@ class NonFiniteError(GroupError):
         self.where = where
 
 
+class UnsupportedRelease(GroupError, RuntimeError):
+    """A feature needs a PyTorch internal that the installed release does not have."""
+
+
 class RuleWarning(UserWarning):
     """A rule may not do what its author meant; the message names group, rule and the fix."""
 

@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from . import compat
 from .frames import user_frame
 from .observe import counters
 from .rules import registry
@@ -127,10 +128,8 @@ def restored(state: FlagState) -> Iterator[None]:
 
 def _scoped() -> FlagState | None:
     """The state of the innermost ``special_cases(during="backward")`` around the running code."""
-    if torch._C._is_key_in_tls(_BACKWARD_KEY):
-        state: FlagState = torch._C._get_obj_in_tls(_BACKWARD_KEY)
-        return state
-    return None
+    state: FlagState | None = compat.stashed_in_engine_tls(_BACKWARD_KEY)
+    return state
 
 
 def backward_enabled(name: str) -> bool:
@@ -216,7 +215,7 @@ class special_cases:
             previous = _scoped()
             self._saved.append(previous)
             state = (previous or _ON).with_setting(self.enabled, self.groups)
-            torch._C._stash_obj_in_tls(_BACKWARD_KEY, state)
+            compat.stash_in_engine_tls(_BACKWARD_KEY, state)
             _local.backward = state
             _warn_compiled(state)
 
@@ -226,10 +225,10 @@ class special_cases:
             _local.state = previous
             return
         if previous is None:
-            torch._C._remove_obj_from_tls(_BACKWARD_KEY)
+            compat.unstash_from_engine_tls(_BACKWARD_KEY)
             del _local.backward
         else:
-            torch._C._stash_obj_in_tls(_BACKWARD_KEY, previous)
+            compat.stash_in_engine_tls(_BACKWARD_KEY, previous)
             _local.backward = previous
 
     def __call__(self, fn: F) -> F:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import torch
-
+from . import compat
 from .rules.registry import RuleSet
 
 
@@ -75,7 +74,7 @@ class GroupInstance:
         self.linear_levels = linear_levels
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
-        self._start = torch._C._autograd._get_sequence_nr()
+        self._start = compat.sequence_nr()
 
     @property
     def where(self) -> str:
@@ -94,7 +93,7 @@ class GroupInstance:
     def new_pass(self) -> bool:
         """Whether the backward pass running now reaches this instance for the first time (its rule
         sites ask, so that a pass is counted once)."""
-        task = torch._C._current_graph_task_id()
+        task = compat.current_graph_task_id()
         if task == self._task:
             return False
         self._task = task

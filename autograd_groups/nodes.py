@@ -1,6 +1,6 @@
 """What PyTorch's autograd nodes are: op names, saved-value names, pointwise or not.
 
-Everything is read from PyTorch itself (the generated node classes in ``torch._C._functions`` and
+Everything is read from PyTorch itself (the generated node classes, :data:`compat.NODE_CLASSES` and
 the ATen op tags), so the catalogue follows whatever PyTorch version is installed.
 """
 
@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from . import compat
 from .errors import RuleError
 
 #: The node class that accumulates into a leaf tensor's ``.grad``: where every graph walk stops.
-ACCUMULATE_GRAD: type = torch._C._functions.AccumulateGrad  # type: ignore[attr-defined]
+ACCUMULATE_GRAD: type = compat.ACCUMULATE_GRAD
 _BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 
@@ -69,11 +70,11 @@ def _schema_facts(name: str) -> tuple[bool, int | None]:
 def catalogue() -> dict[str, OpInfo]:
     """Every op with a generated backward node, by :func:`op_key`."""
     found: dict[str, tuple[str, set[str]]] = {}
-    for class_name in dir(torch._C._functions):
+    for class_name in dir(compat.NODE_CLASSES):
         if not _BACKWARD_SUFFIX.search(class_name) or "BackwardBackward" in class_name:
             continue
         name = op_name_of_class(class_name)
-        cls = getattr(torch._C._functions, class_name)
+        cls = getattr(compat.NODE_CLASSES, class_name)
         found.setdefault(op_key(name), (name, set()))[1].update(_saved_of_class(cls))
     return {key: OpInfo(name, frozenset(saved), *_schema_facts(name)) for key, (name, saved) in found.items()}
 
@@ -125,7 +126,7 @@ def is_generated_class(node_class: type) -> bool:
     ``autograd.Function``): its backward is then a linear function of the incoming gradient."""
     found = _generated.get(node_class)
     if found is None:
-        found = _generated[node_class] = getattr(torch._C._functions, node_class.__name__, None) is node_class
+        found = _generated[node_class] = getattr(compat.NODE_CLASSES, node_class.__name__, None) is node_class
     return found
 
 

@@ -1,7 +1,7 @@
 """How a group enters a ``torch.compile``'d graph: one opaque call that AOTAutograd traces.
 
 Dynamo cannot trace a group's own Python (it walks autograd nodes and hooks them), and it need not:
-it records the group's call as one opaque call (``torch._dynamo.nonstrict_trace``). AOTAutograd then
+it records the group's call as one opaque call (Dynamo's ``nonstrict_trace``). AOTAutograd then
 traces that call by running it -- the very code eager mode runs -- on its fake tensors with autograd
 on: the group finds its nodes and hooks its rule sites as in eager mode, and when AOTAutograd
 differentiates the joint graph, the hooks run and their select/fill is recorded into the compiled
@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .. import compat
 from ..flag import current_state
 from ..observe.anomaly import active as anomaly_active
 from ..observe.tracer import active as trace_active
@@ -53,7 +54,7 @@ def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: 
         return plain(*args, **kwargs)
     if current_state().for_group(name) and breaks_graph(name):
         # A graph break that says why: under fullgraph=True it is the error the user sees.
-        torch._dynamo.graph_break(msg=untraceable_check(name))
+        compat.graph_break(untraceable_check(name))
         return eager(*args, **kwargs)
     return enter(in_graph, args, kwargs)
 
@@ -72,7 +73,7 @@ def untraceable_check(name: str) -> str:
 def refuse_export(name: str) -> None:
     """Stop a strict ``torch.export`` at a group whose rules it would lose, saying why."""
     if current_state().for_group(name) and has_rules(name):
-        torch._dynamo.graph_break(msg=lost_rules(name, "torch.export (strict)"))
+        compat.graph_break(lost_rules(name, "torch.export (strict)"))
 
 
 def enter(in_graph: InGraph, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -80,6 +81,6 @@ def enter(in_graph: InGraph, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
     ``in_graph`` must be defined outside the compiled region (at decoration time).
     """
-    call = torch._dynamo.nonstrict_trace(in_graph)
+    call = compat.nonstrict_trace(in_graph)
     return call(current_state().key, generation(), watched(), args, kwargs)
 

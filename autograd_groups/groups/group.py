@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import flag
+from .. import compat, flag
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..rules import registry
@@ -186,8 +186,7 @@ class autograd_group:
                 return run(args, kwargs, flag.current_state().for_group(name), defined)
 
         # What a compiled graph calls, as a graph break, when it cannot trace the group's rules.
-        # torch._disable_dynamo imports Dynamo only when first called, not at decoration.
-        @torch._disable_dynamo
+        @compat.disable_dynamo
         def eager(*args: Any, **kwargs: Any) -> Any:
             return run(args, kwargs, flag.current_state().for_group(name), defined)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import frames, nodes
+from .. import compat, frames, nodes
 from ..claims import CLAIM, Claim
 from ..errors import GroupError, InertRuleWarning
 from ..instance import GroupInstance
@@ -37,8 +37,7 @@ _local = threading.local()
 _told: set[tuple[str, str]] = set()  # (what, group) of the warnings given once per group
 #: Where an instance made in compiled code was created: Dynamo cannot read the caller's frame.
 COMPILED = ("torch.compile'd code", 0)
-# torch.compile's CompiledFunctionBackward nodes cannot exist before Dynamo is imported.
-_DYNAMO = "torch._dynamo"
+
 
 
 def open_instances() -> list[GroupInstance]:
@@ -103,7 +102,7 @@ def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInst
     """Open an instance of group ``name`` with special cases ``enabled`` (read from the flag by the
     caller), created by the code at ``where``; None when it has nothing to do."""
     compiling = torch.compiler.is_compiling()  # torch.export included
-    if (compiling or torch._C._is_tracing()) and recorded_without_rules(name, enabled):
+    if (compiling or compat.is_jit_tracing()) and recorded_without_rules(name, enabled):
         return None
     session, watched = observers(name, enabled, where, compiling)
     rules = registry.ruleset(name) if enabled else registry.EMPTY
@@ -197,7 +196,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
              tagged: bool = False) -> None:
     """Hook the instance's rules onto its members; innermost groups win on the same op."""
     rules = instance.rules
-    if rules and _DYNAMO in sys.modules:
+    if rules and compat.dynamo_imported():
         _refuse_compiled(instance, members)
     traced = instance.graph is not None
     read = instance.nested or traced or tagged

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import flag
+from .. import compat, flag
 from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
@@ -148,7 +148,7 @@ def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs
                 f"torch.func transforms that an override cannot run in. Call it outside that group, "
                 f"take derivatives with torch.autograd.grad, or turn its special cases off for this "
                 f"pass: ag.special_cases(False, groups=[{instance.name!r}])")
-        if torch._C._functorch.peek_interpreter_stack() is not None:
+        if compat.peek_interpreter_stack() is not None:
             raise RuleError(
                 f"group {instance.name!r} (created at {instance.where}) has an override rule "
                 f"({label}), which runs as a torch.autograd.Function that "

@@ -30,11 +30,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._C._functorch import peek_interpreter_stack
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from .. import nodes
+from .. import compat, nodes
 from ..claims import CLAIM
 from ..errors import NonFiniteError
 from ..frames import user_frame
@@ -201,7 +200,7 @@ class ForwardCheck(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
         checked = (bool(self.stack) and not _skipped(name) and not torch.compiler.is_compiling()
-                   and peek_interpreter_stack() is None)
+                   and compat.peek_interpreter_stack() is None)
         inplace = checked and (name.endswith("_") and not name.endswith("__") or name.startswith("__i"))
         before = _nonfinite((args, kwargs)) if inplace else None
         read = self._read((args, kwargs)) if checked else None

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .. import compat
 from ..instance import GroupInstance
 from ..sites import levels
 from . import counters
@@ -29,7 +30,7 @@ class _InputCheck:
         if torch.compiler.is_compiling():
             return
         instance = self.instance
-        task = torch._C._current_graph_task_id()
+        task = compat.current_graph_task_id()
         if instance.nonfinite_task == task:
             return
         for i in self.edges:

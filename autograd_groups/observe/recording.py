@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .. import compat
+
 
 @dataclass
 class Call:
@@ -106,7 +108,7 @@ class Recorder:
             return  # (a rule the instance does not have: the formula guard of create_graph)
         while instance.merged_into is not None:  # tagged chains that met: the sites are the root's
             instance = instance.merged_into
-        site = Site(torch._C._current_autograd_node(), rule, [m.detach() for m in masks])
+        site = Site(compat.current_autograd_node(), rule, [m.detach() for m in masks])
         with self._lock:
             self.sites.setdefault((id(instance), rule.label), []).append(site)
 

@@ -14,6 +14,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import compat
 from ..groups.group import autograd_group
 from .norms import check_order, p_norm, reduce_dims
 
@@ -208,7 +209,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
 def _upper_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rows, columns and flat indices of an ``n x n`` matrix's upper triangle, row by row."""
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+    if torch.compiler.is_compiling() or compat.peek_interpreter_stack() is not None:
         # Made under a torch.func transform, the indices are that transform's tensors, which must
         # not outlive it in the cache: a later call would meet them "escaped" from a dead level.
         return _triangle(n, device)

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from .. import compat
 from ..groups.group import autograd_group
 from ..rules.kinds import OverrideContext
 
@@ -38,7 +39,7 @@ def _may_read(x: torch.Tensor) -> bool:
     reduction is a fraction of the passes it spares (``pow``'s sign, ``atan2``'s origin fill).
     """
     return not (torch.compiler.is_compiling() or x.device.type != "cpu"
-                or torch._C._functorch.peek_interpreter_stack() is not None)
+                or compat.peek_interpreter_stack() is not None)
 
 
 def _pow_sign(x: torch.Tensor, y: torch.Tensor, unsign: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._C._functorch import peek_interpreter_stack
 
+from .. import compat
 from ..errors import ExpressionError
 
 MAX_LENGTH = 2_000
@@ -343,7 +343,7 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
         # Not while Dynamo traces (its tensors pass for plain ones), nor for AOTAutograd's (fake,
         # functional: subclasses), nor under a torch.func transform, whose levels a tensor made in
         # one call must not outlive.
-        if (type(x) is not torch.Tensor or peek_interpreter_stack() is not None
+        if (type(x) is not torch.Tensor or compat.peek_interpreter_stack() is not None
                 or torch.compiler.is_dynamo_compiling()):
             return cmp(x, value)
         key = x.dtype if x.is_cpu else (x.dtype, x.device)  # a device object costs more than the key

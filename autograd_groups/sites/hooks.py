@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
-from .. import flag, nodes
+from .. import compat, flag, nodes
 from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
@@ -30,7 +28,6 @@ from ..zero_passing import passes_zeros
 from . import levels, saved
 
 Grads = list[torch.Tensor | None]
-_DYNAMO = "torch._dynamo"
 
 
 def _fail(instance: GroupInstance, label: str, op: str, problem: str) -> RuleError:
@@ -52,7 +49,7 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     fresh dense tensor no other gradient shares. Never for a tensor subclass, nor for batched
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
     if (type(grad) is not torch.Tensor or grad._base is not None or not grad.is_contiguous()
-            or not torch._C._has_storage(grad)):
+            or not compat.has_storage(grad)):
         return False
     return grad.data_ptr() not in [g.data_ptr() for g in grad_outputs if g is not None]
 
@@ -209,7 +206,7 @@ def _protect_formula(instance: GroupInstance, node: Any | None, grad: torch.Tens
     """
     if node is None:  # compiled autograd: it does not differentiate its backward
         return
-    if not torch.is_grad_enabled() and peek_interpreter_stack() is None:  # a first-order backward
+    if not torch.is_grad_enabled() and compat.peek_interpreter_stack() is None:  # a first-order backward
         return
     read: list[Any] | None = None
     for level in levels.differentiating_levels():
@@ -296,7 +293,7 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 def _may_look(grad: torch.Tensor) -> bool:
     """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
     work: a CPU tensor with storage (reading a device's value would stall it)."""
-    return grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
+    return grad.is_cpu and type(grad) is torch.Tensor and compat.has_storage(grad)
 
 
 #: Per floating dtype, the integer dtype of its bits.
@@ -325,7 +322,7 @@ def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor
     now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
     # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
     # its nodes (one started with compiled autograd enabled later is told so by the rule site).
-    if _DYNAMO not in sys.modules or not saved.readable():
+    if not compat.dynamo_imported() or not saved.readable():
         return {}
     try:
         return {name: getattr(node, attribute).detach()
@@ -420,11 +417,12 @@ class SiteHook:
         if not flag.backward_enabled(instance.name):
             return None
         grads = list(grad_inputs)
-        if instance.graph is not None or torch.is_grad_enabled() or peek_interpreter_stack() is not None:
+        if (instance.graph is not None or torch.is_grad_enabled()
+                or compat.peek_interpreter_stack() is not None):
             return self._run(grads, grad_outputs, True)
         # The usual backward: eager, first order, outside torch.func, and nobody counts elements.
         # Its gradients are plain tensors, which a rule may read and fill in place.
-        node = torch._C._current_autograd_node() if self.subgradients else None
+        node = compat.current_autograd_node() if self.subgradients else None
         for rule in self.subgradients:
             apply_subgradient(rule, self, node, grads, grad_outputs, True)
         if self.nan_safe is not None:
@@ -440,18 +438,18 @@ class SiteHook:
         graphed = torch.is_grad_enabled()
         if counted:
             # A NaN-safe site reads the node only for the formula a second derivative goes through.
-            node: Any = torch._C._current_autograd_node() if self.subgradients or graphed else None
+            node: Any = compat.current_autograd_node() if self.subgradients or graphed else None
         else:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
-            node = None if torch.compiler.is_dynamo_compiling() else torch._C._current_autograd_node()
+            node = None if torch.compiler.is_dynamo_compiling() else compat.current_autograd_node()
         traced = counted and instance.graph is not None
         # Read before the rules replace them: whether a graph will differentiate what they give
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and graphed and any(
             g is not None and levels.differentiated(g, instance.linear_levels) for g in grads)
         # An eager first-order backward outside torch.func (here: a traced one).
-        plain = counted and not graphed and peek_interpreter_stack() is None
+        plain = counted and not graphed and compat.peek_interpreter_stack() is None
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)

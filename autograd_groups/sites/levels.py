@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._functorch import (
+
+from ..compat import (
     TransformType,
     get_unwrapped,
     is_batchedtensor,
@@ -21,8 +22,8 @@ from torch._C._functorch import (
     maybe_get_bdim,
     maybe_get_level,
     peek_interpreter_stack,
+    retrieve_all_functorch_interpreters,
 )
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
 PLAIN = -1
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._C._functorch import peek_interpreter_stack
+
+from .. import compat
 
 
 def readable() -> bool:
@@ -26,8 +27,8 @@ def readable() -> bool:
     >>> readable()
     True
     """
-    return (not torch.compiler.is_compiling() and peek_interpreter_stack() is None
-            and torch._C._autograd._top_saved_tensors_default_hooks(False) is None)
+    return (not torch.compiler.is_compiling() and compat.peek_interpreter_stack() is None
+            and compat.top_saved_tensors_hooks() is None)
 
 
 class _Packed:
@@ -50,7 +51,7 @@ class _Rereadable:
         return _Packed(self._pack(tensor))
 
     def unpack(self, packed: _Packed) -> torch.Tensor:
-        task = torch._C._current_graph_task_id()
+        task = compat.current_graph_task_id()
         if task == -1:  # read outside a backward pass: nothing to share it with
             return self._unpack(packed.packed)
         if packed.task != task:
@@ -72,14 +73,14 @@ def push() -> bool:
     >>> pushed
     True
     """
-    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    top = compat.top_saved_tensors_hooks()
     if top is None or isinstance(getattr(top[0], "__self__", None), _Rereadable):
         return False
     hooks = _Rereadable(*top)
-    torch._C._autograd._push_saved_tensors_default_hooks(hooks.pack, hooks.unpack)
+    compat.push_saved_tensors_hooks(hooks.pack, hooks.unpack)
     return True
 
 
 def pop() -> None:
     """Remove the hooks :func:`push` stacked."""
-    torch._C._autograd._pop_saved_tensors_default_hooks()
+    compat.pop_saved_tensors_hooks()

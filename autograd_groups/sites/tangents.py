@@ -38,18 +38,18 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
-from torch._C._functorch import (
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..compat import (
     TransformType,
-    _add_batch_dim,
     get_unwrapped,
     is_batchedtensor,
     maybe_get_bdim,
     maybe_get_level,
     peek_interpreter_stack,
+    retrieve_all_functorch_interpreters,
 )
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-from torch.utils._pytree import tree_flatten, tree_unflatten
-
+from ..compat import add_batch_dim as _add_batch_dim
 from ..errors import GroupError, RuleError
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
