@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from . import nodes
+from . import host_reads, nodes
 
 #: Ops whose backward is ``where(comparison of saved values, grad, 0)``: a select, for any values.
 _SELECTS = frozenset(nodes.op_key(op) for op in (
@@ -90,7 +90,7 @@ def _divides_safely(node: Any) -> bool:
     if node.next_functions[1][0] is not None:
         return False
     value = node._saved_other
-    return (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_cpu
+    return (isinstance(value, torch.Tensor) and value.dim() == 0 and host_reads.allowed(value)
             and 0 < abs(value.item()) < math.inf)
 
 
@@ -124,7 +124,7 @@ def passing_now(members: list[Any]) -> set[int]:
                 if isinstance(value, torch.Tensor):
                     saved.append(value)
                     elements += value.numel()
-    if saved and elements <= CHECKED and all(t.is_cpu for t in saved):
+    if saved and elements <= CHECKED and all(host_reads.allowed(t) for t in saved):
         # One sum over all of them: finite only if each is (an overflow errs on the safe side).
         with torch.no_grad():
             total = torch.cat([t.reshape(-1) for t in saved]).sum().item()

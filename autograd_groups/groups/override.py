@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import compat, flag
+from .. import compat, flag, host_reads
 from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
@@ -85,21 +85,26 @@ class _OverrideFunction(torch.autograd.Function):
         enabled = flag.backward_state().for_group(instance.name)
         try:
             answer = rule.check(view) if enabled else False
-            fired = answer if traced else bool(answer)
+            # So is a bool tensor on an accelerator, where bool() would make the host wait for the
+            # device; under create_graph the branch not taken would meet the second derivative.
+            picked = traced or (isinstance(answer, torch.Tensor) and not create_graph
+                                and not host_reads.allowed(answer))
+            fired = answer if picked else bool(answer)
         except Exception as e:
             hint = (" Under torch.compile the check must return its answer as a bool tensor, without "
                     "bool() or .item() (see docs/compile.md)" if traced else "")
             raise RuleError(f"group {instance.name!r} (created at {instance.where}), rule "
                             f"{rule.label}: the check raised {e!r}.{hint}") from e
-        if traced and isinstance(fired, torch.Tensor):
-            chosen = _replacement(rule, instance, view, grads)
-            automatic = _automatic(ctx, inputs, grads, create_graph)
-            return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
         if not traced:
+            # ``fired`` may be a device tensor: the count stays on the device until stats() reads it.
             counters.note_backward(instance)
             counters.count_rule(instance.name, instance.site, rule.label, rule.kind, fired=fired)
             if instance.graph is not None:
                 instance.record_hit(None, rule.label, int(fired))
+        if picked and isinstance(fired, torch.Tensor):
+            chosen = _replacement(rule, instance, view, grads)
+            automatic = _automatic(ctx, inputs, grads, create_graph)
+            return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
         if fired:
             return (None, *_replacement(rule, instance, view, grads))
         return (None, *_automatic(ctx, inputs, grads, create_graph))

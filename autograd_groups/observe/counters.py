@@ -2,6 +2,8 @@
 
 Counting an element means a reduction over a rule's mask, so elements are counted only for traced
 instances (see :class:`~autograd_groups.sites.hooks.SiteHook`); calls and firings are always counted.
+A count the backward made on a device (an override's answer there) stays a device tensor, added to
+on the device, until :func:`stats` reads it: reading it in the backward would make the host wait.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from ..instance import GroupInstance
 from ..rules import registry
@@ -25,8 +29,8 @@ Site = tuple[str, int]
 class _RuleCounter:
     kind: str
     calls: int = 0
-    firings: int = 0
-    elements: int = 0
+    firings: int | torch.Tensor = 0
+    elements: int | torch.Tensor = 0
 
 
 @dataclass
@@ -107,7 +111,8 @@ def count_nonfinite(name: str, site: Site) -> None:
         _site(name, site).nonfinite += 1
 
 
-def count_rule(name: str, site: Site, label: str, kind: str, elements: int = 0, fired: bool = False) -> None:
+def count_rule(name: str, site: Site, label: str, kind: str, elements: int = 0,
+               fired: bool | torch.Tensor = False) -> None:
     """A rule ran once, changed ``elements`` elements (when counted) and ``fired`` (override)."""
     with _lock:
         rules = _site(name, site).rules
@@ -126,7 +131,8 @@ def _where(site: Site) -> str:
 def _counts(counter: _SiteCounter) -> dict[str, Any]:
     return {"instances": counter.instances, "instances_off": counter.instances_off,
             "backward_passes": counter.backward_passes, "nonfinite_gradients": counter.nonfinite,
-            "rules": {label: {"kind": r.kind, "calls": r.calls, "firings": r.firings, "elements": r.elements}
+            "rules": {label: {"kind": r.kind, "calls": r.calls, "firings": int(r.firings),
+                              "elements": int(r.elements)}
                       for label, r in counter.rules.items()}}
 
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import compat
+from .. import compat, host_reads
 from ..groups.group import autograd_group
 from ..rules.kinds import OverrideContext
 
@@ -21,13 +21,14 @@ Operand = torch.Tensor | float
 
 
 def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands as tensors, a Python number taking the other's dtype and device."""
+    """Both operands as tensors, a Python number taking the other's dtype and device (filled there:
+    ``torch.as_tensor`` would copy it from the host, which waits for an accelerator)."""
     if not isinstance(a, torch.Tensor):
         if not isinstance(b, torch.Tensor):
             raise TypeError(f"expected at least one tensor, got {type(a).__name__} and {type(b).__name__}")
-        a = torch.as_tensor(a, dtype=b.dtype, device=b.device)
+        a = torch.full((), a, dtype=b.dtype, device=b.device)
     if not isinstance(b, torch.Tensor):
-        b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+        b = torch.full((), b, dtype=a.dtype, device=a.device)
     return a, b
 
 
@@ -38,8 +39,8 @@ def _may_read(x: torch.Tensor) -> bool:
     read would make the host wait for the device; there the work is always done. On the CPU a
     reduction is a fraction of the passes it spares (``pow``'s sign, ``atan2``'s origin fill).
     """
-    return not (torch.compiler.is_compiling() or x.device.type != "cpu"
-                or compat.peek_interpreter_stack() is not None)
+    return host_reads.allowed(x) and not (torch.compiler.is_compiling()
+                                          or compat.peek_interpreter_stack() is not None)
 
 
 def _pow_sign(x: torch.Tensor, y: torch.Tensor, unsign: torch.Tensor) -> torch.Tensor:

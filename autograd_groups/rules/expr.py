@@ -349,7 +349,8 @@ def _against(cmp: Callable[[Any, Any], Any], operand: Evaluator, value: float) -
         key = x.dtype if x.is_cpu else (x.dtype, x.device)  # a device object costs more than the key
         other = made.get(key)
         if other is None:
-            other = made[key] = torch.tensor(value, dtype=torch.result_type(x, value), device=x.device)
+            # Filled on the device: torch.tensor would copy from the host, which waits for the device.
+            other = made[key] = torch.full((), value, dtype=torch.result_type(x, value), device=x.device)
         return cmp(x, other)
 
     return evaluate

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from .. import compat, flag, nodes
+from .. import compat, flag, host_reads, nodes
 from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
@@ -165,7 +165,7 @@ def _may_set(mask: torch.Tensor) -> bool:
     as the fill (docs/performance.md, "Per-call overhead"), so it is not made. On an accelerator
     the count would make the host wait for the device, so there the fill always runs.
     """
-    return mask.numel() < _COUNTED or not mask.is_cpu or bool(torch.count_nonzero(mask))
+    return mask.numel() < _COUNTED or not host_reads.allowed(mask) or bool(torch.count_nonzero(mask))
 
 
 def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size, i: int, grads: Grads,
@@ -293,7 +293,7 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 def _may_look(grad: torch.Tensor) -> bool:
     """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
     work: a CPU tensor with storage (reading a device's value would stall it)."""
-    return grad.is_cpu and type(grad) is torch.Tensor and compat.has_storage(grad)
+    return host_reads.allowed(grad) and type(grad) is torch.Tensor and compat.has_storage(grad)
 
 
 #: Per floating dtype, the integer dtype of its bits.
