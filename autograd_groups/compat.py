@@ -24,8 +24,8 @@ from .errors import UnsupportedRelease
 
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "current_autograd_node",
-    "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find",
-    "get_unwrapped", "graph_break", "has_storage", "is_batchedtensor", "is_functorch_wrapped_tensor",
+    "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find", "get_unwrapped", "graph_break",
+    "has_storage", "is_batchedtensor", "is_compiling", "is_exporting", "is_functorch_wrapped_tensor",
     "is_jit_tracing", "maybe_get_bdim", "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack",
     "pop_saved_tensors_hooks", "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters",
     "sequence_nr", "stash_in_engine_tls", "stashed_in_engine_tls", "top_saved_tensors_hooks",
@@ -128,6 +128,31 @@ def _unstash_by_none(key: str) -> None:
 
 #: Remove ``key`` from the engine-propagated state (on releases that cannot, set it to None).
 unstash_from_engine_tls: Callable[[str], None] = getattr(torch._C, "_remove_obj_from_tls", _unstash_by_none)
+
+
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
+def is_compiling() -> bool:
+    """Whether a compiler traces the code running now: ``torch.compiler.is_compiling()``, or fake
+    tensors in force, as where torch 2.11 runs a compiled group's opaque call without that flag.
+
+    >>> is_compiling()
+    False
+    """
+    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_FAKE) is not None
+
+
+def is_exporting() -> bool:
+    """Whether ``torch.export`` is tracing the code running now, asked of the flag itself: 2.11's
+    Dynamo answers True for ``torch.compiler.is_exporting()`` under any ``torch.compile``.
+
+    >>> is_exporting()
+    False
+    """
+    if hasattr(torch.compiler, "_is_exporting_flag"):
+        return torch.compiler._is_exporting_flag is True
+    return torch.compiler.is_exporting()
 
 
 # Dynamo, reached only once the user's program has imported it.

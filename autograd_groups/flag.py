@@ -154,7 +154,7 @@ def backward_state() -> FlagState:
     if torch.compiler.is_dynamo_compiling():
         mirrored: FlagState = getattr(_local, "backward", _ON)
         return mirrored
-    if torch.compiler.is_compiling():
+    if compat.is_compiling():
         return _ON
     return _scoped() or _ON
 

@@ -21,14 +21,16 @@ _on = True
 
 
 def allowed(tensor: torch.Tensor) -> bool:
-    """Whether the library may read ``tensor``'s values on the host to skip work: a CPU tensor,
-    while reads are not switched :func:`off`.
+    """Whether the library may read ``tensor``'s values on the host to skip work: a plain CPU tensor,
+    while reads are not switched :func:`off`. Not a subclass: a compiler's fake or functional
+    tensor has no values (and torch 2.11 runs a compiled group's opaque call on fake tensors
+    without ``torch.compiler.is_compiling()``).
 
     >>> import torch
     >>> allowed(torch.ones(2)), allowed(torch.ones(2, device="meta"))
     (True, False)
     """
-    return _on and tensor.is_cpu
+    return _on and type(tensor) is torch.Tensor and tensor.is_cpu
 
 
 @contextlib.contextmanager

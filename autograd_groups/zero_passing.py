@@ -105,8 +105,9 @@ def passing_now(members: list[Any]) -> set[int]:
     >>> import torch
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
     >>> product, quotient, root = x * x, x / 6, torch.sqrt(x)
-    >>> found = passing_now([product.grad_fn, quotient.grad_fn, root.grad_fn])
-    >>> [id(n.grad_fn) in found for n in (product, quotient, root)]
+    >>> members = [product.grad_fn, quotient.grad_fn, root.grad_fn]  # ids hold while these live
+    >>> found = passing_now(members)
+    >>> [id(node) in found for node in members]
     [True, True, False]
     """
     quiet: set[int] = set()

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from .. import compat
 from ..flag import current_state
 from ..observe.anomaly import active as anomaly_active
@@ -47,7 +45,7 @@ def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: 
     its ``plain`` ops where it has nothing to do, or under a strict ``torch.export``, which can carry
     no rule (an error if it has rules); or, where its override's check cannot be traced, eagerly
     (``eager``, which Dynamo does not trace: one graph break)."""
-    if torch.compiler.is_exporting():
+    if compat.is_exporting():
         refuse_export(name)
         return plain(*args, **kwargs)
     if not needed(name):

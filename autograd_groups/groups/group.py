@@ -218,9 +218,9 @@ class autograd_group:
     def __enter__(self) -> GroupInstance | None:
         if torch.compiler.is_dynamo_compiling():
             # The instance opens when AOTAutograd runs the graph; there is none to return here.
-            if torch.compiler.is_exporting():
+            if compat.is_exporting():
                 compiled.refuse_export(self.name)
-            if torch.compiler.is_exporting() or not compiled.needed(self.name):
+            if compat.is_exporting() or not compiled.needed(self.name):
                 self._traced.append(None)
                 return None
             compiled.enter(_open_in_graph, (self.name,), {})

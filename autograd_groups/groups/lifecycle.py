@@ -79,7 +79,7 @@ def recorded_without_rules(name: str, enabled: bool) -> bool:
     """Whether a tracer that keeps ops but no hooks -- ``torch.export``, ``torch.jit.trace`` -- is
     recording this call of group ``name``: its rules would be lost, so it runs as plain ops, and the
     first time (per group) a warning says so."""
-    tracer_name = ("torch.export" if torch.compiler.is_exporting()
+    tracer_name = ("torch.export" if compat.is_exporting()
                    else "torch.jit.trace" if torch.jit.is_tracing() else None)
     if tracer_name is None:
         return False
@@ -101,7 +101,7 @@ def lost_rules(name: str, tracer_name: str) -> str:
 def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInstance | None:
     """Open an instance of group ``name`` with special cases ``enabled`` (read from the flag by the
     caller), created by the code at ``where``; None when it has nothing to do."""
-    compiling = torch.compiler.is_compiling()  # torch.export included
+    compiling = compat.is_compiling()  # torch.export included
     if (compiling or compat.is_jit_tracing()) and recorded_without_rules(name, enabled):
         return None
     session, watched = observers(name, enabled, where, compiling)

@@ -81,7 +81,7 @@ class _OverrideFunction(torch.autograd.Function):
             else (tuple(x.detach() for x in inputs), tuple(o.detach() for o in outputs))))
         # Inside a compiled graph the check's answer is data the graph cannot branch on: both
         # backwards are computed and ``torch.where`` picks (the check must give a bool tensor).
-        traced = torch.compiler.is_compiling()
+        traced = compat.is_compiling()
         enabled = flag.backward_state().for_group(instance.name)
         try:
             answer = rule.check(view) if enabled else False

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .. import flag
+from .. import compat, flag
 from ..claims import CLAIM
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, recording, subgraph, tracer
@@ -32,9 +32,9 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
     True
     """
     if torch.compiler.is_dynamo_compiling():
-        if torch.compiler.is_exporting():
+        if compat.is_exporting():
             compiled.refuse_export(name)
-        if torch.compiler.is_exporting() or not compiled.needed(name):
+        if compat.is_exporting() or not compiled.needed(name):
             return tensor
         out: torch.Tensor = compiled.enter(_tag_in_graph, (tensor, name), {})
         return out
@@ -78,7 +78,7 @@ def _tag_node(node: Any, name: str, enabled: bool, where: tuple[str, int]) -> No
         for other in owners[1:]:
             merge(instance, other)
     else:
-        session, watched = observers(name, enabled, where, torch.compiler.is_compiling())
+        session, watched = observers(name, enabled, where, compat.is_compiling())
         rules = registry.ruleset(name) if enabled else registry.EMPTY
         stack = open_instances()
         instance = GroupInstance(name, rules, enabled, stack[-1] if stack else None, session, where, watched,

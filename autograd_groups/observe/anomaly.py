@@ -199,7 +199,7 @@ class ForwardCheck(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        checked = (bool(self.stack) and not _skipped(name) and not torch.compiler.is_compiling()
+        checked = (bool(self.stack) and not _skipped(name) and not compat.is_compiling()
                    and compat.peek_interpreter_stack() is None)
         inplace = checked and (name.endswith("_") and not name.endswith("__") or name.startswith("__i"))
         before = _nonfinite((args, kwargs)) if inplace else None

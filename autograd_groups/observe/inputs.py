@@ -27,7 +27,7 @@ class _InputCheck:
 
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> None:
-        if torch.compiler.is_compiling():
+        if compat.is_compiling():
             return
         instance = self.instance
         task = compat.current_graph_task_id()

@@ -183,13 +183,15 @@ def _differentiable(value: Any) -> Any:
 def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """The leaf tensors that require grad behind ``outputs`` (an explicit walk, no recursion)."""
     found: list[torch.Tensor] = []
-    seen: set[int] = set()
+    # Holds the nodes it names: a node's Python object can die once dropped, and a new one then
+    # reuse its id (torch 2.11 keeps none alive for the graph).
+    seen: dict[int, Any] = {}
     stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         leaf = tracer.leaf_tensor(node) if type(node) is nodes.ACCUMULATE_GRAD else None
         if leaf is not None:
             found.append(leaf)

@@ -66,7 +66,7 @@ def _root_of_clamped(squared: torch.Tensor) -> torch.Tensor:
 
 def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """ATen's ``_euclidean_dist``: ``sqrt(clamp_min(|x1|^2 + |x2|^2 - 2 x1.x2, 0))``."""
-    return _root_of_clamped(_squared_bmm(x1, x2) if torch.compiler.is_compiling() else _squared_mm(x1, x2))
+    return _root_of_clamped(_squared_bmm(x1, x2) if compat.is_compiling() else _squared_mm(x1, x2))
 
 
 @autograd_group("ops.cdist")
@@ -89,7 +89,7 @@ def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
         return _direct(x1, x2, p)
     use_mm = _use_mm(x1, x2, compute_mode)
     symbolic = torch.compiler.is_dynamo_compiling() or not isinstance(use_mm, bool)
-    if torch.compiler.is_exporting() and symbolic:
+    if compat.is_exporting() and symbolic:
         # A dynamic row count: export both forms and pick at run time, as torch.cdist does, rather
         # than a guard that would pin the dimension to one side of 25. (A strict export's Dynamo
         # shows a symbolic bool as a bool, so there both forms are exported whatever the shapes.)
@@ -108,7 +108,7 @@ _CHUNK_BYTES = 2 << 20
 def _direct(x1: torch.Tensor, x2: torch.Tensor, p: float) -> torch.Tensor:
     if p == math.inf:
         return _chebyshev(x1, x2)
-    if p == 2 and not torch.compiler.is_compiling() and x1.device.type == "cpu" and (
+    if p == 2 and not compat.is_compiling() and x1.device.type == "cpu" and (
             x1.is_floating_point() or x2.is_floating_point()):
         return _euclidean_in_chunks(x1, x2)
     # x1 + (-x2), not x1 - x2: the same numbers, but the backward negates x2's gradient after
@@ -135,7 +135,7 @@ def _chebyshev(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
 
 def _first_largest(x: torch.Tensor) -> torch.Tensor:
     """The index of the first largest element (or NaN) along the last dim, as ``argmax``."""
-    if not torch.compiler.is_compiling():
+    if not compat.is_compiling():
         return x.argmax(-1)
     # Compiled, argmax reduces pairs of (value, index) vectors across each short row: 3.2 ms here
     # (256 x 256 pairs of 32 columns), against 0.9 ms for these two reductions of plain values.
@@ -195,7 +195,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     p = check_order(p, "ops.pdist", negative=False)
     n = input.shape[0]
     rows, cols, flat = _upper_triangle(n, input.device)
-    if p == 2 and n > 25 and not torch.compiler.is_compiling():
+    if p == 2 and n > 25 and not compat.is_compiling():
         # Compiled, the direct form below is one loop over the pairs that writes no difference, and
         # no matrix of them to gather from: 1.0x torch.pdist against 1.3x for this form (512 x 32).
         # |x_i|^2 + |x_j|^2 - 2 x_i.x_j, the norms added around a product over the input's own
@@ -209,7 +209,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
 def _upper_triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rows, columns and flat indices of an ``n x n`` matrix's upper triangle, row by row."""
-    if torch.compiler.is_compiling() or compat.peek_interpreter_stack() is not None:
+    if compat.is_compiling() or compat.peek_interpreter_stack() is not None:
         # Made under a torch.func transform, the indices are that transform's tensors, which must
         # not outlive it in the cache: a later call would meet them "escaped" from a dead level.
         return _triangle(n, device)

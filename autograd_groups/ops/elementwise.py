@@ -39,7 +39,7 @@ def _may_read(x: torch.Tensor) -> bool:
     read would make the host wait for the device; there the work is always done. On the CPU a
     reduction is a fraction of the passes it spares (``pow``'s sign, ``atan2``'s origin fill).
     """
-    return host_reads.allowed(x) and not (torch.compiler.is_compiling()
+    return host_reads.allowed(x) and not (compat.is_compiling()
                                           or compat.peek_interpreter_stack() is not None)
 
 

@@ -44,7 +44,7 @@ class RuleSet:
                    any(r.saved for r in rules if isinstance(r, Subgradient)))
 
     def __bool__(self) -> bool:
-        return bool(self.rules)
+        return len(self.rules) > 0  # not bool(): Dynamo 2.11 cannot trace bool() of a tuple
 
     def at(self, node: object) -> tuple[Subgradient, ...]:
         """The subgradient rules for the op of ``node``, looked up once per node class."""
@@ -305,7 +305,7 @@ def list_rules() -> dict[str, tuple[Rule, ...]]:
 
 def has_rules(group: str) -> bool:
     """Whether ``group`` has rules. Read without the lock: torch.compile traces it."""
-    return bool(_rules.get(group))
+    return len(_rules.get(group, ())) > 0  # not bool(): Dynamo 2.11 cannot trace bool() of a tuple
 
 
 def breaks_graph(group: str) -> bool:

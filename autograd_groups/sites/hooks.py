@@ -410,7 +410,7 @@ class SiteHook:
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...] | None:
         instance = self.instance
-        if torch.compiler.is_compiling():
+        if compat.is_compiling():
             if not flag.backward_state().for_group(instance.name):
                 return None
             return self._run(list(grad_inputs), grad_outputs, False)

@@ -27,7 +27,7 @@ def readable() -> bool:
     >>> readable()
     True
     """
-    return (not torch.compiler.is_compiling() and compat.peek_interpreter_stack() is None
+    return (not compat.is_compiling() and compat.peek_interpreter_stack() is None
             and compat.top_saved_tensors_hooks() is None)
 
 
