@@ -10,9 +10,13 @@
    device thread, not on the thread that called ``backward()``. Checked: a rule runs on that thread;
    the flag recorded at forward holds there; ``special_cases(False, during="backward")`` reaches
    it; 4 threads at once, half of them inside such a block, each get their own reference result.
-3. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
-   interleaved runs), with special cases on and off.
-4. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
+3. No host synchronisation: the forward and backward of every built-in and of each rule kind
+   (tests/rule_kinds.py), after a warm-up call, under ``torch.cuda.set_sync_debug_mode("error")``;
+   and how many times a step synchronises under ``ag.trace()``, which may read values.
+4. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
+   interleaved runs), with special cases on and off, against a hand-written ``autograd.Function``
+   where there is one (cdist), and the peak memory of a forward+backward against native's.
+5. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
    composite, the group, a hand-written autograd.Function and torch.cdist, eager and compiled with
    inductor (Triton kernels on CUDA), and with ``mode="reduce-overhead"`` (CUDA graphs) on CUDA.
    Checked: the compiled group's gradients equal the eager group's, and, under CUDA graphs, a
@@ -25,10 +29,12 @@ Without a CUDA device it prints a message and exits 0. Exit status 1 when a chec
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +46,7 @@ import autograd_groups as ag
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import ops_cases  # noqa: E402  (the built-ins' cases with special points, shared with the tests)
+import rule_kinds  # noqa: E402  (one group per rule kind, shared with tests/test_host_sync.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_core import HandWrittenCdist, example  # noqa: E402  (the compile benchmark's variants)
@@ -170,6 +177,62 @@ def check_flag(device: torch.device) -> int:
     return sum(not passed for _, passed in checks)
 
 
+def _syncs(step: Callable[[], object], device: torch.device) -> str | None:
+    """None if ``step()`` ran without synchronising the host with ``device``, else what stopped it."""
+    if device.type != "cuda":
+        step()
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return None
+
+
+def _sync_count(step: Callable[[], object], device: torch.device) -> int:
+    """How many times ``step()`` synchronised the host with ``device`` (0 off CUDA)."""
+    if device.type != "cuda":
+        step()
+        return 0
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def check_syncs(device: torch.device) -> int:
+    """Forward and backward of every built-in and rule kind without a host sync; the failures."""
+    print(f"\n## Host synchronisation on {device}: forward + backward after a warm-up call\n")
+    steps: list[tuple[str, Callable[[], object]]] = []
+    for case in ops_cases.CASES:
+        args = _on(device, ops_cases.inputs(case, torch.float32))
+        steps.append((case.id, functools.partial(_forward_backward, case.ours, args, case.kwargs)))
+    for kind, build in rule_kinds.KINDS.items():
+        x = rule_kinds.special_input(device).requires_grad_()
+        steps.append((f"{kind} rule", functools.partial(_forward_backward, build(), (x,), {})))
+    failures = 0
+    for label, step in steps:
+        step()  # warm-up: caches, kernels
+        stopped = _syncs(step, device)
+        failures += stopped is not None
+        print(f"- {'ok  ' if stopped is None else 'FAIL'} {label}" + (f": {stopped}" if stopped else ""))
+    traced = steps[-3][1]
+    with ag.trace():
+        count = _sync_count(traced, device)
+    print(f"- info: one step of the subgradient rule under ag.trace() synchronised {count} time(s) "
+          f"(a trace reads the counts of changed elements)")
+    return failures
+
+
 def _speed_cases(device: torch.device, scale: int) -> list[tuple[str, Callable[..., torch.Tensor],
                                                               Callable[..., torch.Tensor], tuple[Any, ...],
                                                               dict[str, Any]]]:
@@ -214,14 +277,28 @@ def _time(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], kwargs: dict[s
     return time.perf_counter() - start
 
 
+def _peak_bytes(fn: Callable[..., torch.Tensor], args: tuple[Any, ...], kwargs: dict[str, Any],
+                device: torch.device) -> int:
+    """The peak memory a forward+backward of ``fn`` allocates on ``device`` above what was there."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    _time(fn, args, kwargs, True, device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
 def speed_table(device: torch.device, repeat: int, scale: int) -> None:
-    """Median forward+backward times of built-ins against native ops, runs interleaved."""
+    """Median forward+backward times of built-ins against native ops and, where there is one, a
+    hand-written autograd.Function, runs interleaved; peak memory against native's on CUDA."""
     print(f"\n## Speed on {device}: forward + backward, median of {repeat} interleaved runs (float32)\n")
-    print("| op (shape) | native | ops, rules on | ops, special cases off | on / native | off / native |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| op (shape) | native | hand-written Function | ops, rules on | ops, special cases off | "
+          "on / native | off / native | on / Function | peak memory on / native |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, ours, native, raw, kwargs in _speed_cases(device, scale):
         args = _on(device, raw)
         variants = {"native": (native, True), "on": (ours, True), "off": (ours, False)}
+        if ours is ag.ops.cdist and not kwargs:
+            variants["Function"] = (HandWrittenCdist.apply, True)
         for fn, enabled in variants.values():
             _time(fn, args, kwargs, enabled, device)  # warm-up: kernels, caches
         times: dict[str, list[float]] = {k: [] for k in variants}
@@ -229,8 +306,14 @@ def speed_table(device: torch.device, repeat: int, scale: int) -> None:
             for k, (fn, enabled) in variants.items():
                 times[k].append(_time(fn, args, kwargs, enabled, device))
         med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-        print(f"| {label} | {med['native']:.3f} ms | {med['on']:.3f} ms | {med['off']:.3f} ms | "
-              f"{med['on'] / med['native']:.2f} | {med['off'] / med['native']:.2f} |")
+        hand = f"{med['Function']:.3f} ms" if "Function" in med else "-"
+        versus = f"{med['on'] / med['Function']:.2f}" if "Function" in med else "-"
+        memory = "-"
+        if device.type == "cuda":
+            peaks = [_peak_bytes(fn, args, kwargs, device) for fn in (ours, native)]
+            memory = f"{peaks[0] / peaks[1]:.2f}"
+        print(f"| {label} | {med['native']:.3f} ms | {hand} | {med['on']:.3f} ms | {med['off']:.3f} ms | "
+              f"{med['on'] / med['native']:.2f} | {med['off'] / med['native']:.2f} | {versus} | {memory} |")
 
 
 def _cdist_points(device: torch.device, n: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# gpu_check: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     failures = check_builtins(device) + check_flag(device)
+    with ag.registry_scope():
+        failures += check_syncs(device)
     speed_table(device, args.repeat, args.scale)
     failures += check_compiled(device, args.repeat, args.scale)
     print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
