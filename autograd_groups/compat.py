@@ -12,6 +12,7 @@ treats saved values, so the library never imports it for a user who does not com
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -105,6 +106,32 @@ _is_stashed = find(torch._C, "_is_key_in_tls", _SCOPE)
 _get_stashed = find(torch._C, "_get_obj_in_tls", _SCOPE)
 
 
+def _own(value: object) -> None:
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(value))
+
+
+def _stash_takes_a_reference() -> bool:
+    """Whether stashing an object takes a reference to it. torch 2.11's does not, yet drops one when
+    the entry is replaced: each replacement then frees what Python still uses (the segmentation
+    faults of the backward-scoped flag there). Asked once, of a probe, at import."""
+
+    class Probe:
+        pass
+
+    key, probe = "autograd_groups.compat.probe", Probe()
+    before = sys.getrefcount(probe)
+    _stash(key, probe)
+    taken = sys.getrefcount(probe) > before
+    if not taken:
+        _own(probe)  # the reference the replacement below drops
+        _own(None)
+    _stash(key, None)
+    return taken
+
+
+_STASH_TAKES_A_REFERENCE = _stash_takes_a_reference()
+
+
 def stash_in_engine_tls(key: str, value: object) -> None:
     """Set ``key`` in the thread-local state the autograd engine propagates to its worker threads.
 
@@ -112,6 +139,8 @@ def stash_in_engine_tls(key: str, value: object) -> None:
     1
     >>> unstash_from_engine_tls("autograd_groups.doc"); stashed_in_engine_tls("autograd_groups.doc")
     """
+    if not _STASH_TAKES_A_REFERENCE:
+        _own(value)  # given to the entry, which drops it when replaced
     _stash(key, value)
 
 
@@ -121,9 +150,8 @@ def stashed_in_engine_tls(key: str) -> Any:
 
 
 def _unstash_by_none(key: str) -> None:
-    # 2.11 cannot erase a key: None reads as unset. The entry then lives as long as the thread, as
-    # the entries torch itself stashes do on that release.
-    _stash(key, None)
+    # 2.11 cannot erase a key: None reads as unset. The entry then lives as long as the thread.
+    stash_in_engine_tls(key, None)
 
 
 #: Remove ``key`` from the engine-propagated state (on releases that cannot, set it to None).

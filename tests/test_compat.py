@@ -4,6 +4,7 @@ the installed release and says clearly where one is missing."""
 from __future__ import annotations
 
 import ast
+import sys
 import threading
 from pathlib import Path
 
@@ -83,6 +84,22 @@ def test_engine_tls_set_and_unset(unstash) -> None:
     assert compat.stashed_in_engine_tls(key) == {"on": False}
     unstash(key)
     assert compat.stashed_in_engine_tls(key) is None
+
+
+def test_stashing_keeps_reference_counts_balanced() -> None:
+    """torch 2.11's stash takes no reference but drops one when the entry is replaced: uncorrected,
+    each block of the backward-scoped flag freed a state Python still used (a segmentation fault)."""
+
+    class State:
+        pass
+
+    state, key = State(), "autograd_groups.test"
+    before = sys.getrefcount(state)
+    for _ in range(50):
+        compat.stash_in_engine_tls(key, state)
+        assert compat.stashed_in_engine_tls(key) is state
+        compat.unstash_from_engine_tls(key)
+    assert sys.getrefcount(state) == before
 
 
 def test_backward_scope_in_threads_that_exit() -> None:

@@ -1,10 +1,13 @@
 """Where the native ops are weaker than the built-ins: each row of docs/builtins.md's table
-"Where native PyTorch is weaker" is one test here, asserting both what PyTorch does and what the
-built-in does instead."""
+"Where native PyTorch is weaker" is one test here. Each asks the running release what native does
+(a release may add a derivative or fix a NaN): where native is weaker, the test checks that it fails
+the way the table says, and the built-in's own answer; where a release fixed it, the built-in must
+agree with native."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -25,24 +28,37 @@ def _inputs(shapes, dtype=torch.float64):
     return tuple(torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes)
 
 
+def _second_derivative(op, args, kwargs):
+    (grad,) = torch.autograd.grad(op(*args, **kwargs).sum(), args[0], create_graph=True)
+    return torch.autograd.grad((grad * grad).sum(), args)
+
+
 @pytest.mark.parametrize("name", list(DISTANCES))
 def test_double_backward_of_distances(name) -> None:
     ours, native, shapes, kwargs = DISTANCES[name]
     args = _inputs(shapes)
-    (grad,) = torch.autograd.grad(native(*args, **kwargs).sum(), args[0], create_graph=True)
-    with pytest.raises(NotImplementedError, match=r"derivative for '_(c|p)dist_backward' is not implemented"):
-        torch.autograd.grad(grad.sum(), args[0])
     assert torch.autograd.gradgradcheck(lambda *a: ours(*a, **kwargs), args)
+    try:
+        expected = _second_derivative(native, args, kwargs)
+    except NotImplementedError as e:  # torch 2.11-2.13: no double backward
+        assert re.search(r"derivative for '_(c|p)dist_backward' is not implemented", str(e))
+        return
+    for got, want in zip(_second_derivative(ours, args, kwargs), expected):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("name", ["cdist p=2, direct form", "cdist p=1", "pdist p=2"])
 def test_forward_mode_of_distances(name) -> None:
     ours, native, shapes, kwargs = DISTANCES[name]
     args = tuple(a.detach() for a in _inputs(shapes))
-    with pytest.raises(NotImplementedError, match="forward AD"):
-        torch.func.jacfwd(lambda *a: native(*a, **kwargs))(*args)
-    forward = torch.func.jacfwd(lambda *a: ours(*a, **kwargs))(*args)
-    torch.testing.assert_close(forward, _jacobian(native, args, kwargs))
+    expected = _jacobian(native, args, kwargs)
+    torch.testing.assert_close(torch.func.jacfwd(lambda *a: ours(*a, **kwargs))(*args), expected)
+    try:
+        forward = torch.func.jacfwd(lambda *a: native(*a, **kwargs))(*args)
+    except NotImplementedError as e:
+        assert "forward AD" in str(e)
+        return
+    torch.testing.assert_close(forward, expected)
 
 
 def _jacobian(op, args, kwargs):
@@ -52,12 +68,14 @@ def _jacobian(op, args, kwargs):
 
 def test_jacrev_of_cdist() -> None:
     # torch.func.jacrev runs _cdist_backward under vmap, whose batched fallback gives a wrong
-    # Jacobian in torch 2.13; ops.cdist's backward is made of batchable ops.
+    # Jacobian (torch 2.11-2.15); ops.cdist's backward is made of batchable ops.
     ours, native, shapes, kwargs = DISTANCES["cdist p=2, direct form"]
     args = tuple(a.detach() for a in _inputs(shapes))
     expected = _jacobian(native, args, kwargs)
-    assert not torch.allclose(torch.func.jacrev(native)(*args), expected)
     torch.testing.assert_close(torch.func.jacrev(ours)(*args), expected)
+    native_jacobian = torch.func.jacrev(native)(*args)
+    if not torch.allclose(native_jacobian, expected):
+        assert (native_jacobian - expected).abs().max() > 0.1  # wrong, not rounded: the table's row
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -65,15 +83,17 @@ def test_jacrev_of_cdist() -> None:
 def test_half_and_bfloat16_distances(name, dtype) -> None:
     ours, native, shapes, kwargs = DISTANCES[name]
     args = _inputs(shapes, dtype)
-    with pytest.raises(NotImplementedError, match="not implemented for"):
-        native(*args, **kwargs)
     out = ours(*args, **kwargs)
     assert out.dtype == dtype
     out.sum().backward()
+    assert all(a.grad is not None and a.grad.isfinite().all() for a in args)
     exact = _inputs(shapes, torch.float32)
     expected = native(*(a.detach().to(dtype).float().requires_grad_() for a in exact), **kwargs)
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
-    assert all(a.grad is not None and a.grad.isfinite().all() for a in args)
+    try:
+        native(*args, **kwargs)
+    except NotImplementedError as e:
+        assert "not implemented for" in str(e)
 
 
 def test_logsumexp_of_a_masked_row_is_finite_where_torch_is_not() -> None:
@@ -84,8 +104,8 @@ def test_logsumexp_of_a_masked_row_is_finite_where_torch_is_not() -> None:
         (op(leaf, 1) * torch.tensor([1.0, 0.0], dtype=torch.float64)).sum().backward()
         grads.append(leaf.grad)
     ours, native = grads
-    assert native[1].isnan().all()
     assert torch.equal(ours, torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=torch.float64))
+    assert native[1].isnan().all() or torch.equal(native, ours)
 
 
 def test_atan2_second_order_at_the_origin_is_finite_where_torch_is_not() -> None:
@@ -96,9 +116,9 @@ def test_atan2_second_order_at_the_origin_is_finite_where_torch_is_not() -> None
         return torch.autograd.grad(gy.sum() + gx.sum(), (y, x))
 
     native, ours = hessian_diagonal(torch.atan2), hessian_diagonal(ag.ops.atan2)
-    assert all(h.isnan().all() for h in native)
     # The reference: atan2 with a double where at the origin, whose derivatives there are all 0.
     assert all(torch.equal(h, torch.zeros(1, dtype=torch.float64)) for h in ours)
+    assert all(h.isnan().all() for h in native) or all(torch.equal(h, o) for h, o in zip(native, ours))
 
 
 def test_pow_exponent_gradient_at_a_negative_base_is_finite_where_torch_is_not() -> None:
@@ -109,5 +129,5 @@ def test_pow_exponent_gradient_at_a_negative_base_is_finite_where_torch_is_not()
         op(base, y).sum().backward()
         grads.append(y.grad)
     ours, native = grads
-    assert native.isnan().all()
     torch.testing.assert_close(ours, torch.pow(base, power) * torch.log(base.abs()))
+    assert native.isnan().all() or torch.allclose(native, ours)
