@@ -8,6 +8,7 @@ the native op's under the same autocast, and the tolerance is native's own error
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +42,15 @@ def test_autocast_follows_the_native_op(case: Case, autocast_dtype: torch.dtype,
 def test_every_builtin_has_an_autocast_case() -> None:
     covered = {case.ours.__autograd_group__ for case in AUTOCAST_CASES}  # type: ignore[attr-defined]
     assert covered == {f"ops.{name}" for name in ag.ops.__all__ if name != "SPEC"}
+
+
+def test_the_docs_table_is_the_declared_policies() -> None:
+    text = (Path(__file__).parents[1] / "docs" / "builtins.md").read_text()
+    section = text[text.index("## Autocast"):].split("\n## ")[0]
+    rows = re.findall(r"^\| `ops\.(\w+)` \| (\w+) \| (\w+) \|$", section, re.MULTILINE)
+    declared = [(name, *getattr(ag.ops, name).__autocast_policy__.values()) for name in ag.ops.__all__
+                if name != "SPEC"]
+    assert sorted(rows) == sorted(declared)
 
 
 def test_cdist_and_pdist_compute_in_float32_on_the_matmul_path() -> None:
