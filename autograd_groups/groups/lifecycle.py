@@ -47,8 +47,20 @@ def open_instances() -> list[GroupInstance]:
     return stack
 
 
+#: Modules whose functions call a group on their own caller's behalf (ops.autocast's policies).
+_CALLING_THROUGH: set[str] = set()
+
+
+def call_through(module: str) -> None:
+    """Let the functions of ``module`` call groups for their callers: a group called from one is
+    created where that function was called, the frame that :func:`caller` then names."""
+    _CALLING_THROUGH.add(module)
+
+
 def caller(depth: int) -> tuple[str, int]:
     frame = sys._getframe(depth)
+    while frame.f_globals.get("__name__") in _CALLING_THROUGH and frame.f_back is not None:
+        frame = frame.f_back
     return frame.f_code.co_filename, frame.f_lineno
 
 

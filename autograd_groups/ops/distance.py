@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from .. import compat
 from ..groups.group import autograd_group
+from .autocast import autocast_policy
 from .norms import check_order, p_norm, reduce_dims
 
 _MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
@@ -69,6 +70,7 @@ def _euclidean_mm(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return _root_of_clamped(_squared_bmm(x1, x2) if compat.is_compiling() else _squared_mm(x1, x2))
 
 
+@autocast_policy(cpu="fp32", cuda="fp32")
 @autograd_group("ops.cdist")
 def cdist(x1: torch.Tensor, x2: torch.Tensor, p: float = 2.0,
           compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> torch.Tensor:
@@ -177,6 +179,7 @@ def _direct_euclidean(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return _direct(x1, x2, 2.0)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.pdist")
 def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """``torch.pdist``: the upper triangle of ``cdist(input, input, p)``, row by row.
@@ -229,6 +232,7 @@ def _triangle(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
 _cached_triangle = functools.lru_cache(maxsize=8)(_triangle)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.dist")
 def dist(input: torch.Tensor, other: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     """``torch.dist``: the p-norm of ``input - other`` (broadcast), a scalar; gradient 0 when equal.

@@ -16,6 +16,7 @@ import torch
 from .. import compat, host_reads
 from ..groups.group import autograd_group
 from ..rules.kinds import OverrideContext
+from .autocast import autocast_policy
 
 Operand = torch.Tensor | float
 
@@ -61,6 +62,7 @@ def _pow_sign(x: torch.Tensor, y: torch.Tensor, unsign: torch.Tensor) -> torch.T
     return sign.masked_fill_((x < 0) & (x > -math.inf) & fraction, math.nan)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.pow")
 def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     """``torch.pow``, as ``sign * exp(exponent * log|input|)``.
@@ -124,6 +126,7 @@ def pow_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Tenso
     return tuple(g for name, g in grads.items() if isinstance(ctx.arguments[name], torch.Tensor))
 
 
+@autocast_policy(cpu="fallthrough", cuda="promote")
 @autograd_group("ops.atan2")
 def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``torch.atan2(input, other)``: the angle of the point ``(other, input)``, in ``[-pi, pi]``.
@@ -189,6 +192,7 @@ def atan2_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Ten
     return (grad * x * recip).sum_to_size(y.shape), (grad * -y * recip).sum_to_size(x.shape)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fallthrough")
 @autograd_group("ops.xlogy")
 def xlogy(input: Operand, other: Operand) -> torch.Tensor:
     """``torch.xlogy``: ``input * log(other)``, and 0 where ``input == 0`` (unless ``other`` is NaN).

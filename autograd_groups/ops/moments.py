@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..groups.group import autograd_group
+from .autocast import autocast_policy
 from .norms import Dims, reduce_dims
 
 
@@ -43,6 +44,7 @@ def _arguments(name: str, dim: Dims | bool, unbiased: bool | None,
     return dim, float(unbiased)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fallthrough")
 @autograd_group("ops.var")
 def var(input: torch.Tensor, dim: Dims | bool = None, unbiased: bool | None = None, keepdim: bool = False,
         *, correction: float | None = None) -> torch.Tensor:
@@ -59,6 +61,7 @@ def var(input: torch.Tensor, dim: Dims | bool = None, unbiased: bool | None = No
     return _variance(input, reduce_dims(input, dims), c, keepdim)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fallthrough")
 @autograd_group("ops.std")
 def std(input: torch.Tensor, dim: Dims | bool = None, unbiased: bool | None = None, keepdim: bool = False,
         *, correction: float | None = None) -> torch.Tensor:

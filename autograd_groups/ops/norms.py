@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from ..groups.group import autograd_group
+from .autocast import autocast_policy
 
 Dims = int | Sequence[int] | None
 
@@ -67,6 +68,7 @@ def p_norm(x: torch.Tensor, p: float, dims: tuple[int, ...], keepdim: bool) -> t
     return x.abs().pow(p).sum(dims, keepdim=keepdim).pow(1 / p)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.vector_norm")
 def vector_norm(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool = False, *,
                 dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -84,6 +86,7 @@ def vector_norm(x: torch.Tensor, ord: float = 2, dim: Dims = None, keepdim: bool
     return p_norm(x, check_order(ord, "ops.vector_norm", "ord"), reduce_dims(x, dim), keepdim)
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.normalize")
 def normalize(input: torch.Tensor, p: float = 2.0, dim: int | Sequence[int] = 1,
               eps: float = 1e-12) -> torch.Tensor:
@@ -108,6 +111,7 @@ def _guarded_norm(x: torch.Tensor, dim: int, eps: float) -> torch.Tensor:
     return norm
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.cosine_similarity")
 def cosine_similarity(x1: torch.Tensor, x2: torch.Tensor, dim: int = 1, eps: float = 1e-8) -> torch.Tensor:
     """``torch.nn.functional.cosine_similarity``; finite gradients at a zero vector, as PyTorch's.

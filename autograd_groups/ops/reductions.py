@@ -14,9 +14,11 @@ import math
 import torch
 
 from ..groups.group import autograd_group
+from .autocast import autocast_policy
 from .norms import Dims, reduce_dims
 
 
+@autocast_policy(cpu="fallthrough", cuda="fp32")
 @autograd_group("ops.logsumexp")
 def logsumexp(input: torch.Tensor, dim: Dims, keepdim: bool = False) -> torch.Tensor:
     """``torch.logsumexp(input, dim, keepdim)``; gradient 0 for a slice that is all ``-inf``.
