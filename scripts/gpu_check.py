@@ -13,10 +13,12 @@
 3. No host synchronisation: the forward and backward of every built-in and of each rule kind
    (tests/rule_kinds.py), after a warm-up call, under ``torch.cuda.set_sync_debug_mode("error")``;
    and how many times a step synchronises under ``ag.trace()``, which may read values.
-4. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
+4. Autocast (bfloat16 and float16): every built-in's output dtype and precision as native's
+   (scripts/autocast_check.py).
+5. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
    interleaved runs), with special cases on and off, against a hand-written ``autograd.Function``
    where there is one (cdist), and the peak memory of a forward+backward against native's.
-5. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
+6. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
    composite, the group, a hand-written autograd.Function and torch.cdist, eager and compiled with
    inductor (Triton kernels on CUDA), and with ``mode="reduce-overhead"`` (CUDA graphs) on CUDA.
    Checked: the compiled group's gradients equal the eager group's, and, under CUDA graphs, a
@@ -50,6 +52,9 @@ import rule_kinds  # noqa: E402  (one group per rule kind, shared with tests/tes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_core import HandWrittenCdist, example  # noqa: E402  (the compile benchmark's variants)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from autocast_check import autocast_check  # noqa: E402  (every built-in under autocast, as native)
 
 TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-7, 1e-7)}  # (rtol, atol)
 
@@ -408,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     failures = check_builtins(device) + check_flag(device)
     with ag.registry_scope():
         failures += check_syncs(device)
+    print(f"\n## Autocast on {device}: every built-in against native (scripts/autocast_check.py)\n")
+    print("```")
+    failures += sum(autocast_check(device, dtype) for dtype in (torch.bfloat16, torch.float16))
+    print("```")
     speed_table(device, args.repeat, args.scale)
     failures += check_compiled(device, args.repeat, args.scale)
     print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
