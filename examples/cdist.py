@@ -1,7 +1,10 @@
 """The Euclidean cdist of PyTorch's Distance.cpp, written from primitive ops, as group ``cdist``.
 
-Its backward is NaN for every pair of identical points (``sqrt'(0) = inf``). One rule fixes that:
-at the group's ``sqrt``, where ``result == 0``, the gradient is 0 -- PyTorch's own subgradient.
+Its backward is NaN for every pair of identical points (``sqrt'(0) = inf``) up to torch 2.14. One
+rule fixes that: at the group's ``sqrt``, where ``result == 0``, the gradient is 0 -- PyTorch's own
+subgradient. From torch 2.15, ``clamp_min``'s backward passes 0 at its boundary, which hides the NaN
+where the squared distance is exactly 0 (the table then shows no NaN for the plain composite); the
+direct form ``sqrt(sum((x1 - x2)²))`` is NaN there on every release.
 
     python examples/cdist.py            # the table: plain -> NaN, grouped -> finite, flag off -> NaN
 """

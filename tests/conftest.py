@@ -56,6 +56,16 @@ def cdist_example() -> ModuleType:
     return module
 
 
+@pytest.fixture
+def direct_cdist() -> ModuleType:
+    """tests/direct_cdist.py with its rule registered: a plain composite that is NaN at every zero
+    distance on every supported release."""
+    import direct_cdist
+
+    direct_cdist.register()
+    return direct_cdist
+
+
 def assert_fits(text: str, columns: int, whole: list[str]) -> None:
     """``text``, printed for ``columns`` columns, has no line wider, no ellipsis, and each string of
     ``whole`` on one line, uncut."""

@@ -1,8 +1,9 @@
 """Grouped functions shared by the reliability tests, one per rule kind, each a compound op whose
 plain backward is NaN at a special point:
 
-- ``cdist``: the Euclidean cdist of examples/cdist.py as group ``rel_cdist``, with a subgradient
-  rule (``sqrt``, ``result == 0`` -> 0): NaN for identical rows without it;
+- ``cdist``: the Euclidean cdist in the direct form of tests/direct_cdist.py as group
+  ``rel_cdist``, with a subgradient rule (``sqrt``, ``result == 0`` -> 0): NaN for identical rows
+  without it, on every supported release;
 - ``safe_norm``: ``|x|`` over the last dimension as group ``rel_norm``, with an override rule that
   replaces the group's backward when a norm is 0;
 - ``safe_power``: ``exp(y * log(x))`` as group ``rel_pow``, with a NaN-safe rule: NaN at ``x = 0``
@@ -13,11 +14,9 @@ The tests register the rules with :func:`register_rules` inside their own regist
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
+import direct_cdist
 import torch
 
 import autograd_groups as ag
@@ -25,18 +24,7 @@ import autograd_groups as ag
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cdist_example() -> ModuleType:
-    name = "examples_cdist"  # the name tests/conftest.py gives it, so the module is loaded once
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "cdist.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-euclidean_cdist = _cdist_example().euclidean_cdist
+euclidean_cdist = direct_cdist.euclidean_cdist
 cdist = ag.autograd_group("rel_cdist")(euclidean_cdist)
 
 

@@ -53,10 +53,14 @@ def test_grouped_cdist_equals_torch_cdist_at_zero_distances(cdist_example, point
         torch.testing.assert_close(ours, theirs)
 
 
-def test_plain_composite_is_nan_at_zero_distances(cdist_example):
+def test_plain_composite_is_nan_at_zero_distances(cdist_example, direct_cdist):
     x1 = torch.tensor([[0.0, 1.0], [2.0, 3.0]], dtype=torch.float64)
-    g1, _ = grads(cdist_example.euclidean_cdist, x1, x1.clone())
+    g1, _ = grads(direct_cdist.euclidean_cdist, x1, x1.clone())
     assert g1.isnan().all(), "the bug the group fixes must exist in the plain composite"
+    # The ATen form's: NaN up to torch 2.14; from 2.15 clamp_min's backward passes 0 at the
+    # boundary, and its gradient there is the rule's. Asked of the running release.
+    g1, _ = grads(cdist_example.euclidean_cdist, x1, x1.clone())
+    assert g1.isnan().all() or torch.equal(g1, grads(cdist_example.grouped_cdist, x1, x1.clone())[0])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -71,7 +75,7 @@ def test_away_from_special_points_grouped_equals_plain_autograd(cdist_example, s
         assert torch.equal(a, b)
 
 
-def test_special_element_does_not_contaminate_other_rows(cdist_example):
+def test_special_element_does_not_contaminate_other_rows(direct_cdist):
     g = torch.Generator().manual_seed(0)
     x1 = torch.randint(-3, 4, (6, 3), generator=g).double()
     x2 = torch.randint(-3, 4, (5, 3), generator=g).double() + 20  # far from x1: no zero distance
@@ -80,8 +84,8 @@ def test_special_element_does_not_contaminate_other_rows(cdist_example):
     special_rows = torch.tensor([2, 4])
     regular = torch.ones(6, dtype=torch.bool)
     regular[special_rows] = False
-    ours, _ = grads(cdist_example.grouped_cdist, x1, x2)
-    plain, _ = grads(cdist_example.euclidean_cdist, x1, x2)
+    ours, _ = grads(direct_cdist.grouped_cdist, x1, x2)
+    plain, _ = grads(direct_cdist.euclidean_cdist, x1, x2)
     assert plain[special_rows].isnan().all() and plain[regular].isfinite().all()
     assert torch.equal(ours[regular], plain[regular])
     torch.testing.assert_close(ours, grads(native, x1, x2)[0])

@@ -45,15 +45,15 @@ def node_classes(out: torch.Tensor) -> list[str]:
     return [type(n).__name__ for n in order], order
 
 
-def test_off_at_forward_is_exactly_plain_autograd(cdist_example, points):
-    plain = grad_x1(cdist_example.euclidean_cdist, points)
+def test_off_at_forward_is_exactly_plain_autograd(direct_cdist, points):
+    plain = grad_x1(direct_cdist.euclidean_cdist, points)
     with ag.special_cases(False):
-        off = grad_x1(cdist_example.grouped_cdist, points)
+        off = grad_x1(direct_cdist.grouped_cdist, points)
     assert plain.isnan().any()
     torch.testing.assert_close(off, plain, equal_nan=True, rtol=0, atol=0)
 
 
-def test_off_installs_no_hook_and_no_wrapper(cdist_example, points, monkeypatch):
+def test_off_installs_no_hook_and_no_wrapper(direct_cdist, points, monkeypatch):
     made = []
     original = hooks.SiteHook.__init__
 
@@ -64,23 +64,23 @@ def test_off_installs_no_hook_and_no_wrapper(cdist_example, points, monkeypatch)
     monkeypatch.setattr(hooks.SiteHook, "__init__", counting_init)
     x1, x2 = (p.clone().requires_grad_() for p in points)
     with ag.special_cases(False):
-        off_out = cdist_example.grouped_cdist(x1, x2)
-    plain_classes, _ = node_classes(cdist_example.euclidean_cdist(x1, x2))
+        off_out = direct_cdist.grouped_cdist(x1, x2)
+    plain_classes, _ = node_classes(direct_cdist.euclidean_cdist(x1, x2))
     off_classes, off_nodes = node_classes(off_out)
     assert off_classes == plain_classes  # no extra node: no autograd.Function wrapper
     assert all("autograd_groups" not in n.metadata for n in off_nodes)
     assert made == []
-    on_out = cdist_example.grouped_cdist(x1, x2)
+    on_out = direct_cdist.grouped_cdist(x1, x2)
     _, on_nodes = node_classes(on_out)
     # The same introspection does see the rule site when special cases are on.
     assert len(made) == 1 and any("autograd_groups" in n.metadata for n in on_nodes)
 
 
-def test_decision_recorded_at_forward_holds_in_another_thread(cdist_example, points):
+def test_decision_recorded_at_forward_holds_in_another_thread(direct_cdist, points):
     results = {}
-    loss_on, x1_on, _ = loss_and_inputs(cdist_example.grouped_cdist, points)
+    loss_on, x1_on, _ = loss_and_inputs(direct_cdist.grouped_cdist, points)
     with ag.special_cases(False):
-        loss_off, x1_off, _ = loss_and_inputs(cdist_example.grouped_cdist, points)
+        loss_off, x1_off, _ = loss_and_inputs(direct_cdist.grouped_cdist, points)
 
     def backward_elsewhere():
         ag.set_special_cases(False)  # the other thread's own setting must not matter
@@ -97,19 +97,19 @@ def test_decision_recorded_at_forward_holds_in_another_thread(cdist_example, poi
     assert x1_off.grad.isnan().any()
 
 
-def test_during_backward_turns_off_rules_recorded_on(cdist_example, points):
-    plain = grad_x1(cdist_example.euclidean_cdist, points)
-    loss, x1, _ = loss_and_inputs(cdist_example.grouped_cdist, points)
+def test_during_backward_turns_off_rules_recorded_on(direct_cdist, points):
+    plain = grad_x1(direct_cdist.euclidean_cdist, points)
+    loss, x1, _ = loss_and_inputs(direct_cdist.grouped_cdist, points)
     with ag.special_cases(False, during="backward"):
         assert ag.is_special_cases_enabled()  # the forward-time flag is untouched
         loss.backward()
     torch.testing.assert_close(x1.grad, plain, equal_nan=True, rtol=0, atol=0)
     # Outside the block the next backward pass applies the rules again.
-    assert torch.isfinite(grad_x1(cdist_example.grouped_cdist, points)).all()
+    assert torch.isfinite(grad_x1(direct_cdist.grouped_cdist, points)).all()
 
 
-def test_during_backward_for_other_groups_leaves_this_one_on(cdist_example, points):
-    loss, x1, _ = loss_and_inputs(cdist_example.grouped_cdist, points)
+def test_during_backward_for_other_groups_leaves_this_one_on(direct_cdist, points):
+    loss, x1, _ = loss_and_inputs(direct_cdist.grouped_cdist, points)
     with pytest.warns(UserWarning, match="no group is named 'elsewhere'"):
         scope = ag.special_cases(False, groups=["elsewhere"], during="backward")
     with scope:
@@ -117,12 +117,12 @@ def test_during_backward_for_other_groups_leaves_this_one_on(cdist_example, poin
     assert torch.isfinite(x1.grad).all()
 
 
-def test_groups_selects_which_groups_are_off(cdist_example, points):
-    ag.register_rule("cdist2", cdist_example.SQRT_AT_ZERO)
-    other = ag.autograd_group("cdist2")(cdist_example.euclidean_cdist)
+def test_groups_selects_which_groups_are_off(direct_cdist, points):
+    ag.register_rule("cdist2", direct_cdist.SQRT_AT_ZERO)
+    other = ag.autograd_group("cdist2")(direct_cdist.euclidean_cdist)
     with ag.special_cases(False, groups=["cdist"]):
         assert not ag.is_special_cases_enabled("cdist") and ag.is_special_cases_enabled("cdist2")
-        off = grad_x1(cdist_example.grouped_cdist, points)
+        off = grad_x1(direct_cdist.grouped_cdist, points)
         on = grad_x1(other, points)
     assert off.isnan().any() and torch.isfinite(on).all()
 
@@ -145,15 +145,15 @@ def test_state_is_restored_when_the_block_raises():
     assert ag.is_special_cases_enabled()
 
 
-def test_decorator_form(cdist_example, points):
+def test_decorator_form(direct_cdist, points):
     @ag.special_cases(False)
     def forward_off(x1, x2):
         assert not ag.is_special_cases_enabled()
-        return cdist_example.grouped_cdist(x1, x2)
+        return direct_cdist.grouped_cdist(x1, x2)
 
     assert grad_x1(forward_off, points).isnan().any()
     assert ag.is_special_cases_enabled()
-    assert torch.isfinite(grad_x1(cdist_example.grouped_cdist, points)).all()
+    assert torch.isfinite(grad_x1(direct_cdist.grouped_cdist, points)).all()
 
 
 def test_flag_is_thread_local():

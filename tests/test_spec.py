@@ -13,7 +13,7 @@ import torch
 import autograd_groups as ag
 from autograd_groups.rules import expr
 from autograd_groups.spec import loader
-from conftest import ROOT, load_example
+from conftest import ROOT
 
 SPECS = ROOT / "examples" / "specs"
 
@@ -40,7 +40,8 @@ def points() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_cdist_spec_gives_exactly_the_gradients_of_the_python_rule() -> None:
-    cdist = load_example("cdist")
+    import direct_cdist as cdist  # NaN at zero distances on every release: the rule matters
+
     x1, x2 = points()
     plain = grads(cdist.euclidean_cdist, x1, x2)
     assert plain[0].isnan().any(), "without a rule the composite must be NaN at the duplicated rows"
