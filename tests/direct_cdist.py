@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 import autograd_groups as ag
+from conftest import load_example
 
 
 def euclidean_cdist(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
@@ -20,12 +21,7 @@ def euclidean_cdist(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
 
 
 grouped_cdist = ag.autograd_group("cdist")(euclidean_cdist)
-#: The rule of examples/cdist.py, doc included: the two modules may register it in one scope.
-SQRT_AT_ZERO = ag.Subgradient(op="sqrt", when="result == 0", grad=0,
-                              doc="distance 0: PyTorch's cdist gives gradient 0 there")
-
-
-def register() -> None:
-    """Register the group's rule (once, inside the test's registry scope)."""
-    if SQRT_AT_ZERO not in ag.list_rules().get("cdist", ()):
-        ag.register_rule("cdist", SQRT_AT_ZERO)
+#: The rule of examples/cdist.py, and its registration: the two may share one registry scope.
+_example = load_example("cdist")
+SQRT_AT_ZERO = _example.SQRT_AT_ZERO
+register = _example.register
