@@ -14,6 +14,7 @@ from .errors import (
     RuleWarning,
     SecondOrderWarning,
     SpecError,
+    UnsupportedRelease,
 )
 from .flag import is_special_cases_enabled, set_special_cases, special_cases
 from .groups.group import autograd_group
@@ -35,7 +36,7 @@ __all__ = [
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
-    "__version__", "Report", "Row", "verify",
+    "__version__", "Report", "Row", "verify", "UnsupportedRelease",
 ]
 
 

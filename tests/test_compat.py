@@ -68,7 +68,7 @@ def test_a_missing_internal_raises_naming_feature_and_release() -> None:
     assert message.startswith("the backward-scoped flag needs torch._C._not_in_any_release, which "
                               f"PyTorch {torch.__version__} does not have")
     assert "2.11 to 2.15" in message
-    assert isinstance(caught.value, GroupError)
+    assert isinstance(caught.value, GroupError) and ag.UnsupportedRelease is UnsupportedRelease
 
 
 def test_a_present_internal_is_the_torch_function() -> None:
