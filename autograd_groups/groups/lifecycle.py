@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import frames, nodes
+from .. import finiteness, frames, nodes, value_reads
 from ..claims import CLAIM, Claim
 from ..errors import GroupError, InertRuleWarning
 from ..instance import GroupInstance
@@ -167,26 +167,36 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
     members: list[Any] = []
     boundary: list[Any] = []
     edges: list[tuple[Any, Any]] = []
-    seen: set[int] = set()
+    # Per node seen: its member index, or below 0 its place among the boundary's nodes.
+    index: dict[int, int] = {}
+    # A NaN-safe instance keeps each member's next_functions, for its structure (finiteness.py).
+    structured = instance.rules.nan_safe is not None
+    nexts: list[tuple[Any, ...]] = []
     start = instance._start
     stack = list(reversed(roots))
     while stack:
         node = stack.pop()
         key = id(node)
-        if key in seen:
+        if key in index:
             continue
-        seen.add(key)
         if type(node) is nodes.ACCUMULATE_GRAD or key in named or node._sequence_nr() < start:
+            index[key] = -1 - len(boundary)
             boundary.append(node)
             continue
+        index[key] = len(members)
         members.append(node)
-        for child, _ in reversed(node.next_functions):
+        children = node.next_functions
+        if structured:
+            nexts.append(children)
+        for child, _ in reversed(children):
             if child is not None:
                 stack.append(child)
                 if traced:
                     edges.append((node, child))
+    sites = finiteness.sites(members, [tuple(None if c is None else (index[id(c)], nr) for c, nr in n)
+                                       for n in nexts]) if structured else None
     vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
-    install_rules(instance, members, vertices)
+    install_rules(instance, members, vertices, sites=sites)
     if traced and instance.rules:
         inputs.watch(instance, members, boundary)
     if instance.session is not None:
@@ -194,37 +204,51 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
 
 
 def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[int, str],
-             tagged: bool = False) -> None:
-    """Hook the instance's rules onto its members; innermost groups win on the same op."""
+                  tagged: bool = False, sites: finiteness.Sites | None = None) -> None:
+    """Hook the instance's rules onto its members; innermost groups win on the same op.
+
+    ``sites`` are the members (by index) a NaN-safe rule needs and the gradients it zeroes there,
+    from the instance's structure; without them (a tagged node, whose inputs are unknown) every
+    member that does not pass zeros on is a site."""
     rules = instance.rules
     if rules and _DYNAMO in sys.modules:
         _refuse_compiled(instance, members)
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
-    quiet = passing_now(members) if rules.nan_safe is not None and saved.readable() else set()
+    if rules.nan_safe is not None:
+        if sites is None:
+            sites = {i: None for i, node in enumerate(members) if not passes_zeros(node)}
+        if sites and value_reads.enabled() and saved.readable():
+            # The CPU value read, where it still removes hooks: products the structure could not clear.
+            quiet = passing_now([members[i] for i in sites])
+            sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
-    for node in members:
+    for i, node in enumerate(members):
         subgradients = rules.at(node)
         nan_safe = rules.nan_safe
+        zeroed: tuple[int, ...] | None = None
+        if nan_safe is not None:
+            if subgradients:  # a rule may make the backward non-linear in its gradient
+                nan_safe = None if passes_zeros(node) else nan_safe
+            elif sites is not None and i in sites:
+                zeroed = sites[i]
+            else:
+                nan_safe = None
         if not (subgradients or nan_safe or write):
             continue
         sited = sited or bool(subgradients)
-        if nan_safe is not None and not subgradients and id(node) in quiet:
-            nan_safe = None
         claim = node.metadata.get(CLAIM) if read else None
         if claim is not None:
             subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
             nan_safe = None if claim.nan_safe else nan_safe
-        if nan_safe is not None and passes_zeros(node):
-            nan_safe = None
         vertex = vertices.get(id(node)) if traced else None
         if subgradients or nan_safe is not None:
-            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))
+            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node, zeroed))
             if traced:
-                sites: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
+                sites_rules: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
                 instance.graph.nodes[vertex]["rules"].extend(
-                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites)
+                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites_rules)
         elif not write:
             continue
         if claim is None:

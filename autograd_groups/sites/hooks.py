@@ -19,7 +19,7 @@ import torch
 from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
-from .. import flag, nodes
+from .. import flag, nodes, value_reads
 from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
@@ -260,7 +260,10 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
     ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
     be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
-    graph that differentiates this backward (``plain``), one sum tells.
+    graph that differentiates this backward (``plain``), one sum tells. Outside such a graph and
+    untraced, a gradient the hook owns is zeroed in place: on the CPU (value reads on) by its bits
+    times ``incoming.bool()``, elsewhere by ``masked_fill_(incoming == 0, 0)``, two kernels for the
+    first gradient and one for each further one.
     """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []
@@ -270,13 +273,19 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     elementwise = len(incoming) == 1 and site.elementwise
     zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     nonzero: torch.Tensor | None = None  # its complement, for the gradients zeroed in place
+    zeroed = site.zeroed
     for i, grad in enumerate(grads):
-        if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
+        if grad is None or (zeroed is not None and i not in zeroed) or (
+                look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
             continue
         same = elementwise and grad.shape == incoming[0].shape
-        if same and look and not traced and _owned(grad, grad_outputs):
-            nonzero = incoming[0].bool() if nonzero is None else nonzero
-            _keep_where(grad, nonzero)
+        if same and plain and not traced and _owned(grad, grad_outputs):
+            if look and grad.dtype in _BITS:  # the CPU's cheapest zeroing
+                nonzero = incoming[0].bool() if nonzero is None else nonzero
+                _keep_where(grad, nonzero)
+            else:  # the fewest kernels, for a GPU: a compare shared by the gradients, and a fill
+                zero = incoming[0] == 0 if zero is None else zero
+                grad.masked_fill_(zero, 0)
             continue
         if same:
             zero = incoming[0] == 0 if zero is None else zero
@@ -295,8 +304,9 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 
 def _may_look(grad: torch.Tensor) -> bool:
     """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
-    work: a CPU tensor with storage (reading a device's value would stall it)."""
-    return grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
+    work: a CPU tensor with storage (reading a device's value would stall it), reads on."""
+    return (grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
+            and value_reads.enabled())
 
 
 #: Per floating dtype, the integer dtype of its bits.
@@ -386,11 +396,15 @@ class SiteHook:
     """
 
     __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "linear",
-                 "elementwise", "captured")
+                 "elementwise", "captured", "zeroed")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
-                 nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
+                 nan_safe: NanSafe | None, vertex: str | None, node: Any,
+                 zeroed: tuple[int, ...] | None = None) -> None:
         self.instance = instance
+        #: The gradients a NaN-safe rule zeroes here (by input index), or None for all: a product
+        #: zeroes only those multiplied by a saved value that may be non-finite (finiteness.py).
+        self.zeroed = zeroed
         self.subgradients = subgradients
         self.nan_safe = nan_safe
         #: The rules that run here, in the order they run.
