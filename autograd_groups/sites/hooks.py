@@ -141,10 +141,12 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
     except KeyError:
         raise _fail(site.instance, rule.label, site.op,
                     "this backward runs without the op's autograd node (compiled autograd), and "
-                    "the op's saved values could not be kept at forward, because saved-tensor hooks "
-                    "(torch.utils.checkpoint, save_on_cpu) were active or torch._dynamo was not yet "
-                    "imported: run this backward without compiled autograd, or the forward without "
-                    "those hooks and after importing torch._dynamo") from None
+                    "the op's saved values were not kept at forward, because compiled autograd was "
+                    "neither enabled nor configured while the forward ran, or saved-tensor hooks "
+                    "(torch.utils.checkpoint, save_on_cpu) were active: run the forward under "
+                    "compiled autograd too (inside the same torch._dynamo.compiled_autograd._enable "
+                    "block, or with torch._dynamo.config.compiled_autograd = True) and without "
+                    "those hooks, or this backward without compiled autograd") from None
     except CheckpointError as e:
         raise _fail(site.instance, rule.label, site.op,
                     f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
@@ -328,14 +330,29 @@ def _keep_where(grad: torch.Tensor, nonzero: torch.Tensor) -> None:
         grad.view(bits).mul_(nonzero)
 
 
+def compiled_autograd_may_run() -> bool:
+    """Whether a backward of the graph being built now may run under compiled autograd: it is
+    enabled (``torch._dynamo.compiled_autograd._enable``) or configured
+    (``torch._dynamo.config.compiled_autograd``). Neither can be while ``torch._dynamo`` is not
+    imported. The one place the library reads these private module globals of
+    ``torch._dynamo`` (present in torch 2.11 to 2.15; read with a default where a release lacks
+    them)."""
+    if _DYNAMO not in sys.modules:
+        return False
+    state = sys.modules.get(_DYNAMO + ".compiled_autograd")
+    config = sys.modules.get(_DYNAMO + ".config")
+    return bool(getattr(state, "compiled_autograd_enabled", False)
+                or getattr(config, "compiled_autograd", False))
+
+
 def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor]:
     """The saved values ``rules`` read of ``node``, read at forward for a backward that runs without the
     node: compiled autograd frees them before it traces the site's hook. Detached, so that a value
     that is the node's own output holds no reference back to the node. Nothing where reading them
-    now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
-    # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
-    # its nodes (one started with compiled autograd enabled later is told so by the rule site).
-    if _DYNAMO not in sys.modules or not saved.readable():
+    now would run saved-tensor hooks (checkpoint would recompute) or would be traced, nor where
+    compiled autograd is neither enabled nor configured: a compiled-autograd backward of such a
+    graph is told so by the rule site."""
+    if not compiled_autograd_may_run() or not saved.readable():
         return {}
     try:
         return {name: getattr(node, attribute).detach()
