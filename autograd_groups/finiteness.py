@@ -24,12 +24,13 @@ The decision is cached per structure: the sequence of node classes, their edges 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from . import zero_passing
+from .claims import CLAIM
 
 #: One edge of a member node: the index of the node it leads to (a member's, or below 0 a node
 #: outside the instance: a group input) and which of that node's outputs; None where the input
@@ -51,13 +52,15 @@ _PRODUCTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "CosBackward0": (("self",),),
     "TanhBackward0": (("result",),),
     "SigmoidBackward0": (("result",),),
+    "LinalgCrossBackward0": (("other",), ("self",)),
 }
 #: Which input a saved value is; ``result`` is the node's own output.
 _INPUT = {"self": 0, "other": 1, "mat2": 1}
 #: Products whose result can be infinite for finite inputs of ordinary size.
 _OVERFLOWING = frozenset({"ExpBackward0"})
 #: Ops whose result is non-negative (or NaN) whatever their input.
-_NONNEGATIVE = frozenset({"AbsBackward0", "ExpBackward0", "SqrtBackward0", "ReluBackward0", "SigmoidBackward0"})
+_NONNEGATIVE = frozenset({"AbsBackward0", "ExpBackward0", "SqrtBackward0", "ReluBackward0",
+                          "SigmoidBackward0"})
 #: Ops whose result is non-negative where all their inputs are: sums, means, views, joins.
 _KEEPS_SIGN = frozenset({
     "SumBackward0", "SumBackward1", "MeanBackward0", "MeanBackward1", "ViewBackward0",
@@ -66,8 +69,15 @@ _KEEPS_SIGN = frozenset({
     "SliceBackward0", "CatBackward0", "StackBackward0"})
 #: Roots whose result is finite where their input is finite and non-negative.
 _ROOTS = frozenset({"SqrtBackward0"})
+#: The class of an override group's node (groups/override.py).
+_OVERRIDE = "_OverrideFunctionBackward"
+#: Built-in groups whose override node passes zeros on and keeps finite inputs finite, whichever
+#: backward runs: ``ops.atan2``'s replacement is ``grad * (x, -y) / (x² + y²)``, 0 at the origin,
+#: and its own chain runs only where ``x`` is far from 0 (``near_the_y_axis``); its result is an
+#: angle.
+_PASSING_OVERRIDES = frozenset({"ops.atan2"})
 
-_plans: dict[tuple[Any, ...], tuple[tuple[int, tuple[int, ...] | None], ...]] = {}
+_plans: dict[tuple[Any, ...], Any] = {}
 #: The most structures kept: a program makes few, but one that builds graphs of changing shape
 #: must not grow the cache without bound.
 _KEPT = 1024
@@ -90,39 +100,118 @@ def _divides_safely(node: Any) -> bool:
             and 0 < abs(value.item()) < math.inf)
 
 
-def _fact(node: Any) -> Any:
-    """The numbers on ``node`` the decision depends on, as part of the cache key."""
-    name = type(node).__name__
+def _cured(node: Any) -> bool:
+    claim = node.metadata.get(CLAIM)
+    return claim is not None and claim.cured
+
+
+def _override_group(node: Any) -> str | None:
+    run = getattr(node, "run", None)
+    return getattr(getattr(run, "instance", None), "name", None)
+
+
+Reader = Callable[[Any], Any]
+#: Per node class, what :func:`reader` gives.
+READERS: dict[type, Reader | None] = {}
+#: Not in :data:`READERS` yet.
+UNKNOWN: Any = object()
+
+
+def _reader_of(cls: type) -> Reader | None:
+    name = cls.__name__
     if name == "DivBackward0":
-        return _divides_safely(node)
+        return _divides_safely
     if name == "PowBackward0":
-        return _exponent(node)
-    return zero_passing.passes_zeros(node) if zero_passing.reads_scalars(type(node)) else None
+        return _exponent
+    if name in _ROOTS:
+        return _cured
+    if name == _OVERRIDE:
+        return _override_group
+    return zero_passing.passes_zeros if zero_passing.reads_scalars(cls) else None
 
 
-def key(members: Sequence[Any], edges: Edges) -> tuple[Any, ...]:
-    """The structure of an instance: its members' classes, edges and numbers."""
-    return tuple((type(node), e, _fact(node)) for node, e in zip(members, edges))
+def reader(cls: type) -> Reader | None:
+    """What reads, of a node of class ``cls``, what the decision depends on beyond its class and
+    edges (part of the cache key): its numbers (``x / 6``'s divisor, ``x ** 2``'s exponent,
+    ``add``'s ``alpha``), whether a nested group's rule cures a root, which group an override node
+    runs. None for the classes that have nothing to read."""
+    if cls not in READERS:
+        READERS[cls] = _reader_of(cls)
+    return READERS[cls]
 
 
-def sites(members: Sequence[Any], edges: Edges) -> Sites:
-    """The members (by index) that need NaN-safe zeroing, and which of their gradients.
+def tokens_of(roots: Sequence[Any]) -> list[Any]:
+    """The structure of the graph behind ``roots`` (every node a member), as an instance's walk
+    writes it down: for the tests and the docs.
+
+    Walking depth first from the roots, pushing each node's ``next_functions`` in reverse, one
+    token per entry popped: None for an input that needs no gradient, ``(index, nr)`` for a node
+    seen before (its member index, or below 0 one outside the instance) and ``(class, fact,
+    inputs, nr)`` for a new member, ``fact`` what :func:`reader` reads of it.
+    """
+    tokens: list[Any] = []
+    index: dict[int, int] = {}
+    stack: list[tuple[Any, int]] = [(root, 0) for root in reversed(roots)]
+    while stack:
+        node, nr = stack.pop()
+        if node is None:
+            tokens.append(None)
+        elif id(node) in index:
+            tokens.append((index[id(node)], nr))
+        elif not node.next_functions and type(node).__name__ == "AccumulateGrad":
+            index[id(node)] = -1 - sum(1 for i in index.values() if i < 0)
+            tokens.append((index[id(node)], nr))
+        else:
+            index[id(node)] = sum(1 for i in index.values() if i >= 0)
+            read = reader(type(node))
+            tokens.append((type(node), None if read is None else read(node), len(node.next_functions), nr))
+            stack.extend(reversed(node.next_functions))
+    return tokens
+
+
+def sites(tokens: Sequence[Any], roots: int) -> Sites:
+    """The members (by index) that need NaN-safe zeroing, and which of their gradients, from the
+    structure an instance's walk wrote down (:func:`tokens_of`) from its ``roots`` output nodes.
 
     >>> import torch
     >>> x = torch.ones(3, requires_grad=True)
     >>> out = torch.sqrt((x * x).sum())          # a square's sum is finite and non-negative
-    >>> root, total = out.grad_fn, out.grad_fn.next_functions[0][0]
-    >>> square = total.next_functions[0][0]
-    >>> sites([root, total, square], [((1, 0),), ((2, 0),), ((-1, 0), (-1, 0))])
+    >>> sites(tokens_of([out.grad_fn]), 1)       # only the root, for its derivative at 0
     {0: None}
     """
-    structure = key(members, edges)
+    structure = (roots, *tokens)
     plan = _plans.get(structure)
     if plan is None:
         if len(_plans) >= _KEPT:
             _plans.clear()
-        plan = _plans[structure] = _decide([s[0] for s in structure], [s[2] for s in structure], edges)
+        classes, facts, edges = _decode(tokens, roots)
+        plan = _plans[structure] = _decide(classes, facts, edges)
     return dict(plan)
+
+
+def _decode(tokens: Sequence[Any], roots: int) -> tuple[list[type], list[Any], list[tuple[Edge, ...]]]:
+    """Each member's class, fact and edges, replaying the walk that wrote ``tokens``."""
+    classes: list[type] = []
+    facts: list[Any] = []
+    edges: list[list[Edge]] = []
+    slots: list[tuple[int, int]] = [(-1, 0)] * roots  # (member, input) each popped entry fills
+    for token in tokens:
+        parent, position = slots.pop()
+        edge: Edge
+        if token is None:
+            edge = None
+        elif len(token) == 2:
+            edge = token
+        else:
+            cls, fact, inputs, nr = token
+            edge = (len(classes), nr)
+            classes.append(cls)
+            facts.append(fact)
+            edges.append([None] * inputs)
+            slots.extend((edge[0], k) for k in reversed(range(inputs)))
+        if parent >= 0:
+            edges[parent][position] = edge
+    return classes, facts, [tuple(e) for e in edges]
 
 
 def _order(edges: Edges) -> list[int]:
@@ -157,12 +246,17 @@ def _kind(cls: type, fact: Any) -> str:
         return "product"
     if name in _ROOTS:
         return "root"
+    if name == _OVERRIDE:
+        return "passes" if fact in _PASSING_OVERRIDES else "other"
     if fact is not None:
         return "passes" if fact else "other"
     return "passes" if zero_passing.passes_zeros_class(cls) else "other"
 
 
-def _decide(classes: list[type], facts: list[Any], edges: Edges) -> tuple[tuple[int, tuple[int, ...] | None], ...]:
+Plan = tuple[tuple[int, tuple[int, ...] | None], ...]
+
+
+def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
     finite = [False] * len(classes)
     nonnegative = [False] * len(classes)
 
@@ -187,8 +281,8 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> tuple[tuple[
         else:
             nonnegative[i] = name in _NONNEGATIVE or (
                 name in _KEEPS_SIGN and bool(inputs) and all(is_nonnegative(e) for e in inputs))
-        if kind == "passes":
-            continue
+        if kind == "passes" or (kind == "root" and fact is True and finite[i]):
+            continue  # a root whose nested group's rule sets its gradient where its input is 0
         if kind != "product":
             found.append((i, None))
             continue

@@ -169,32 +169,40 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
     edges: list[tuple[Any, Any]] = []
     # Per node seen: its member index, or below 0 its place among the boundary's nodes.
     index: dict[int, int] = {}
-    # A NaN-safe instance keeps each member's next_functions, for its structure (finiteness.py).
-    structured = instance.rules.nan_safe is not None
-    nexts: list[tuple[Any, ...]] = []
+    # A NaN-safe instance writes its structure down as it walks (finiteness.py, "tokens").
+    tokens: list[Any] | None = [] if instance.rules.nan_safe is not None else None
+    readers = finiteness.READERS
     start = instance._start
-    stack = list(reversed(roots))
+    stack: list[tuple[Any, int]] = [(root, 0) for root in reversed(roots)]
     while stack:
-        node = stack.pop()
-        key = id(node)
-        if key in index:
+        node, nr = stack.pop()
+        if node is None:  # an input that needs no gradient
+            if tokens is not None:
+                tokens.append(None)
             continue
-        if type(node) is nodes.ACCUMULATE_GRAD or key in named or node._sequence_nr() < start:
-            index[key] = -1 - len(boundary)
+        key = id(node)
+        seen = index.get(key)
+        if seen is None and (type(node) is nodes.ACCUMULATE_GRAD or key in named
+                             or node._sequence_nr() < start):
+            seen = index[key] = -1 - len(boundary)
             boundary.append(node)
+        if seen is not None:
+            if tokens is not None:
+                tokens.append((seen, nr))
             continue
         index[key] = len(members)
         members.append(node)
         children = node.next_functions
-        if structured:
-            nexts.append(children)
-        for child, _ in reversed(children):
-            if child is not None:
-                stack.append(child)
-                if traced:
-                    edges.append((node, child))
-    sites = finiteness.sites(members, [tuple(None if c is None else (index[id(c)], nr) for c, nr in n)
-                                       for n in nexts]) if structured else None
+        if tokens is not None:
+            cls = type(node)
+            read = readers.get(cls, finiteness.UNKNOWN)
+            if read is finiteness.UNKNOWN:
+                read = finiteness.reader(cls)
+            tokens.append((cls, None if read is None else read(node), len(children), nr))
+        stack.extend(reversed(children))
+        if traced:
+            edges.extend((node, child) for child, _ in children if child is not None)
+    sites = finiteness.sites(tokens, len(roots)) if tokens is not None else None
     vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
     install_rules(instance, members, vertices, sites=sites)
     if traced and instance.rules:
@@ -224,7 +232,11 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             quiet = passing_now([members[i] for i in sites])
             sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
-    for i, node in enumerate(members):
+    # Only the sites need a look where no other rule and no claim is to be written.
+    quick = sites is not None and not (write or rules.subgradients)
+    visited = sorted(sites) if quick and sites is not None else range(len(members))
+    for i in visited:
+        node = members[i]
         subgradients = rules.at(node)
         nan_safe = rules.nan_safe
         zeroed: tuple[int, ...] | None = None
@@ -255,11 +267,17 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
         if subgradients:  # all of one op: the node's
             claim.ruled.add(subgradients[0].op_key)
+            claim.cured = claim.cured or any(r.key in _CURES for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
     if rules.subgradients and members and not sited:
         _warn_absent_ops(instance, members)
+
+
+#: Subgradient rules that set the gradient exactly where their op's derivative is infinite: a node
+#: with one passes zeros on where its input is finite (and, for a root, non-negative).
+_CURES = frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

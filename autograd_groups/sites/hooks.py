@@ -9,7 +9,6 @@ tensor is saved and no autograd node is added.
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -20,7 +19,6 @@ from torch._C._functorch import peek_interpreter_stack
 from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes, value_reads
-from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
 from ..instance import GroupInstance
@@ -258,31 +256,27 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     the masks of the elements it changed (none for a gradient zeroed in place, which is done only
     where nobody counts: not ``traced``, no graph differentiating this backward).
 
-    Where an incoming element is exactly zero, the outgoing element a backward computes from it is
-    zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
-    ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
-    be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
-    graph that differentiates this backward (``plain``), one sum tells. Outside such a graph and
-    untraced, a gradient the hook owns is zeroed in place: on the CPU (value reads on) by its bits
-    times ``incoming.bool()``, elsewhere by ``masked_fill_(incoming == 0, 0)``, two kernels for the
-    first gradient and one for each further one.
+    Outside a graph that differentiates this backward (``plain``) and untraced, a gradient the hook
+    owns is zeroed in place: on the CPU (value reads on) by its bits times ``incoming.bool()``,
+    elsewhere by ``masked_fill_(incoming == 0, 0)``, two kernels for the first gradient and one for
+    each further one. No sum is read first to skip a gradient without a non-finite element: where
+    the structure hooks a node, its zeros usually meet an infinity (docs/groups.md).
     """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []
     if not incoming:
         return changed
-    look = plain and site.linear and _may_look(incoming[0])
+    bits = _may_look(incoming[0])
     elementwise = len(incoming) == 1 and site.elementwise
     zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     nonzero: torch.Tensor | None = None  # its complement, for the gradients zeroed in place
     zeroed = site.zeroed
     for i, grad in enumerate(grads):
-        if grad is None or (zeroed is not None and i not in zeroed) or (
-                look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
+        if grad is None or (zeroed is not None and i not in zeroed):
             continue
         same = elementwise and grad.shape == incoming[0].shape
         if same and plain and not traced and _owned(grad, grad_outputs):
-            if look and grad.dtype in _BITS:  # the CPU's cheapest zeroing
+            if bits and grad.dtype in _BITS:  # the CPU's cheapest zeroing
                 nonzero = incoming[0].bool() if nonzero is None else nonzero
                 _keep_where(grad, nonzero)
             else:  # the fewest kernels, for a GPU: a compare shared by the gradients, and a fill
@@ -305,8 +299,8 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 
 
 def _may_look(grad: torch.Tensor) -> bool:
-    """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
-    work: a CPU tensor with storage (reading a device's value would stall it), reads on."""
+    """Whether a hook of a plain backward may zero gradients like ``grad`` the CPU's way (the bits
+    times a bool mask, cheapest there): a CPU tensor with storage, value reads on."""
     return (grad.is_cpu and type(grad) is torch.Tensor and torch._C._has_storage(grad)
             and value_reads.enabled())
 
@@ -412,8 +406,8 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "linear",
-                 "elementwise", "captured", "zeroed")
+    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "elementwise",
+                 "captured", "zeroed")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any,
@@ -429,10 +423,6 @@ class SiteHook:
             subgradients if nan_safe is None else (*subgradients, nan_safe))
         self.vertex = vertex
         self.node_class: type = type(node)
-        #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those
-        #: of a generated backward that no subgradient rule (of any group) changed before.
-        self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
-                       and not getattr(node.metadata.get(CLAIM), "ruled", None))
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
         self.captured = capture(node, subgradients) if subgradients else {}
 
