@@ -288,7 +288,7 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
             continue
         uses = _PRODUCTS.get(name, (("self",),))
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])
-                       if not all(finite[i] if n == "result" else is_finite(inputs[_INPUT[n]])
+                       if inputs[j] is not None and not all(finite[i] if n == "result" else is_finite(inputs[_INPUT[n]])
                                   for n in names))
         if zeroed:
             found.append((i, zeroed))
