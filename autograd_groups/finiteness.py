@@ -287,9 +287,11 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
             found.append((i, None))
             continue
         uses = _PRODUCTS.get(name, (("self",),))
+        def saved_finite(n: str) -> bool:
+            return finite[i] if n == "result" else is_finite(inputs[_INPUT[n]])
+
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])
-                       if inputs[j] is not None and not all(finite[i] if n == "result" else is_finite(inputs[_INPUT[n]])
-                                  for n in names))
+                       if inputs[j] is not None and not all(saved_finite(n) for n in names))
         if zeroed:
             found.append((i, zeroed))
     return tuple(sorted(found))
