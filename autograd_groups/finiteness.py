@@ -287,11 +287,10 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
             found.append((i, None))
             continue
         uses = _PRODUCTS.get(name, (("self",),))
-        def saved_finite(n: str) -> bool:
-            return finite[i] if n == "result" else is_finite(inputs[_INPUT[n]])
-
+        unsafe = {n for names in uses for n in names
+                  if not (finite[i] if n == "result" else is_finite(inputs[_INPUT[n]]))}
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])
-                       if inputs[j] is not None and not all(saved_finite(n) for n in names))
+                       if inputs[j] is not None and unsafe.intersection(names))
         if zeroed:
             found.append((i, zeroed))
     return tuple(sorted(found))
