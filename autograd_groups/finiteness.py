@@ -287,8 +287,8 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
             found.append((i, None))
             continue
         uses = _PRODUCTS.get(name, (("self",),))
-        unsafe = {n for names in uses for n in names
-                  if not (finite[i] if n == "result" else is_finite(inputs[_INPUT[n]]))}
+        unsafe = {n for names in uses for n in names if not (
+            finite[i] if n == "result" else _INPUT[n] >= len(inputs) or is_finite(inputs[_INPUT[n]]))}
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])
                        if inputs[j] is not None and unsafe.intersection(names))
         if zeroed:
