@@ -242,10 +242,13 @@ RODRIGUES_BATCHES = (64, 4096, 262144, 4194304)
 ENTROPY_ROWS = (64, 1024, 16384, 262144)
 
 
-def _nan_safe_cases(device: torch.device, scale: int) -> list[tuple[str, Callable[..., torch.Tensor],
-                                                                     Callable[..., torch.Tensor], torch.Tensor]]:
+Case = tuple[str, Callable[..., torch.Tensor], Callable[..., torch.Tensor], torch.Tensor]
+
+
+def _nan_safe_cases(device: torch.device, scale: int) -> list[Case]:
+    """(label, NaN-safe group, hand double where, input on ``device``) per workload and size."""
     grouped = bench_targets.register()
-    cases = []
+    cases: list[Case] = []
     for batch in RODRIGUES_BATCHES:
         v = bench_targets.rotations(max(8, batch // scale)).detach().to(device)
         cases.append((f"Rodrigues, batch {v.shape[0]}", grouped["rodrigues"],
