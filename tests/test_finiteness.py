@@ -235,3 +235,16 @@ def test_a_tagged_node_without_a_structure_is_hooked_where_it_may_make_nan() -> 
     y = ag.tag(torch.log(x), "fin")
     (grad,) = torch.autograd.grad(torch.where(x > 0, y, 0.0).sum(), x)
     assert grad.isfinite().all()
+
+
+def test_assumed_on_at_backward_a_nested_rule_the_forward_saw_on() -> None:
+    # The enclosing group trusts ops.vector_norm's sqrt rule, decided at forward. Turned off for
+    # the backward alone, the root's 0 / 0 reaches the enclosing group unguarded.
+    grouped = ag.autograd_group("fin")(lambda x: torch.where(torch.zeros((), dtype=torch.bool), 1.0,
+                                                             ag.ops.vector_norm(x, dim=-1)) * 0.0)
+    for off, finite in ((False, True), (True, False)):
+        x = torch.zeros(1, 3, requires_grad=True)
+        out = grouped(x).sum()
+        with ag.special_cases(not off, during="backward", groups=["ops.vector_norm"]):
+            (grad,) = torch.autograd.grad(out, x)
+        assert bool(grad.isfinite().all()) is finite, (off, grad)
