@@ -90,12 +90,16 @@ def passing_now(members: list[Any]) -> set[int]:
     ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them);
     and passes only the products the structure could not clear (:mod:`autograd_groups.finiteness`).
 
+    One sum tells for all of them: a single non-finite value clears none.
+
     >>> import torch
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
     >>> product, root = x * x, torch.sqrt(x)
-    >>> found = passing_now([product.grad_fn, root.grad_fn, (x.log() * x).grad_fn])
+    >>> found = passing_now([product.grad_fn, root.grad_fn])
     >>> [id(n.grad_fn) in found for n in (product, root)]
     [True, False]
+    >>> passing_now([product.grad_fn, (x.log() * x).grad_fn])
+    set()
     """
     products: list[Any] = []
     saved: list[torch.Tensor] = []
