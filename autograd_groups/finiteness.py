@@ -92,11 +92,11 @@ def _divides_safely(node: Any) -> bool:
     """Whether a ``div`` node divides by a nonzero, finite number (``x / 6``: autograd keeps the
     Python number as a 0-dim tensor on the host, so reading it syncs no device): its backward is
     then ``grad / other``. Not where the divisor needs a gradient: its own, ``-grad * self / other
-    / other``, can overflow."""
-    if node.next_functions[1][0] is not None:
-        return False
+    / other``, can overflow; nor while a compiler traces the graph (the node is then hooked)."""
+    if node.next_functions[1][0] is not None or torch.compiler.is_compiling():
+        return False  # a compiler's tensors are fake: the number is not there to read
     value = node._saved_other
-    return (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_cpu
+    return (type(value) is torch.Tensor and value.dim() == 0 and value.is_cpu
             and 0 < abs(value.item()) < math.inf)
 
 

@@ -473,3 +473,18 @@ def test_grouping_compiled_code_is_refused():
         with pytest.raises(ag.GroupError, match=r"group 'cmp_around' .* torch\.compile'd graph"):
             ag.autograd_group("cmp_around")(compiled_norm)(leaf(ROWS))
     assert ag.groups.lifecycle.open_instances() == []
+
+
+def test_a_nan_safe_group_dividing_by_a_number_compiles_into_one_graph():
+    """The structure's decisions read no fake value while the graph is traced (issue 30): a quotient
+    by a number is then hooked, and the gradients equal the eager ones."""
+    with ag.registry_scope():
+        ag.register_rule("cmp_ns", ag.NanSafe())
+
+        @ag.autograd_group("cmp_ns")
+        def f(x):
+            return torch.where(x > 0, torch.log(x) * (x / 6) + x ** 2, 0.0)
+
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+        assert_same(grads(compiled, leaf([0.0, 1.0, 2.0])), grads(f, leaf([0.0, 1.0, 2.0])))
+        assert torch.isfinite(grads(compiled, leaf([0.0, 1.0, 2.0]))[0]).all()
