@@ -31,6 +31,7 @@ import torch
 
 from . import zero_passing
 from .claims import CLAIM
+from .sites import saved
 
 #: One edge of a member node: the index of the node it leads to (a member's, or below 0 a node
 #: outside the instance: a group input) and which of that node's outputs; None where the input
@@ -92,9 +93,12 @@ def _divides_safely(node: Any) -> bool:
     """Whether a ``div`` node divides by a nonzero, finite number (``x / 6``: autograd keeps the
     Python number as a 0-dim tensor on the host, so reading it syncs no device): its backward is
     then ``grad / other``. Not where the divisor needs a gradient: its own, ``-grad * self / other
-    / other``, can overflow; nor while a compiler traces the graph (the node is then hooked)."""
-    if node.next_functions[1][0] is not None or torch.compiler.is_compiling():
-        return False  # a compiler's tensors are fake: the number is not there to read
+    / other``, can overflow; nor where the forward may not read saved values (``saved.readable``:
+    a compiler or a ``torch.func`` transform tracing it, saved-tensor hooks): the node is then
+    hooked."""
+    if node.next_functions[1][0] is not None or not saved.readable():
+        # A compiler's tensors are fake, and saved-tensor hooks would unpack (checkpoint: recompute).
+        return False
     value = node._saved_other
     return (type(value) is torch.Tensor and value.dim() == 0 and value.is_cpu
             and 0 < abs(value.item()) < math.inf)

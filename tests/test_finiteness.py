@@ -248,3 +248,14 @@ def test_assumed_on_at_backward_a_nested_rule_the_forward_saw_on() -> None:
         with ag.special_cases(not off, during="backward", groups=["ops.vector_norm"]):
             (grad,) = torch.autograd.grad(out, x)
         assert bool(grad.isfinite().all()) is finite, (off, grad)
+
+
+def test_under_checkpoint_no_saved_number_is_unpacked_at_forward() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    grouped = ag.autograd_group("fin")(lambda x: torch.where(x > 0, torch.log(x) * (x / 6), 0.0))
+    x = torch.tensor([0.0, 1.0, 2.0])
+    (want,) = _grads(grouped, x)
+    (got,) = _grads(lambda a: checkpoint(grouped, a, use_reentrant=False), x)
+    torch.testing.assert_close(got, want)
+    assert got.isfinite().all()
