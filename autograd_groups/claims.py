@@ -13,7 +13,7 @@ OUTSIDE = "autograd_groups.outside"
 class Claim:
     """What a node's ``metadata`` remembers: its innermost instance and the rules applied to it."""
 
-    __slots__ = ("owner", "ruled", "nan_safe", "vertex", "tagged")
+    __slots__ = ("owner", "ruled", "nan_safe", "vertex", "tagged", "cured")
 
     def __init__(self, owner: GroupInstance, vertex: str | None, tagged: bool) -> None:
         self.owner = owner
@@ -21,3 +21,6 @@ class Claim:
         self.nan_safe = False
         self.vertex = vertex
         self.tagged = tagged
+        #: Whether a rule applied here sets the gradient where the op's derivative is infinite
+        #: (``sqrt`` at ``result == 0``), so that the node passes zeros on (finiteness.py).
+        self.cured = False

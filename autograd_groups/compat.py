@@ -24,13 +24,13 @@ from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 from .errors import UnsupportedRelease
 
 __all__ = [
-    "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "current_autograd_node",
-    "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find", "get_unwrapped", "graph_break",
-    "has_storage", "is_batchedtensor", "is_compiling", "is_exporting", "is_functorch_wrapped_tensor",
-    "is_jit_tracing", "maybe_get_bdim", "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack",
-    "pop_saved_tensors_hooks", "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters",
-    "sequence_nr", "stash_in_engine_tls", "stashed_in_engine_tls", "top_saved_tensors_hooks",
-    "unstash_from_engine_tls",
+    "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
+    "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find",
+    "get_unwrapped", "graph_break", "has_storage", "is_batchedtensor", "is_compiling", "is_exporting",
+    "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim", "maybe_get_level",
+    "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks", "push_saved_tensors_hooks",
+    "retrieve_all_functorch_interpreters", "sequence_nr", "stash_in_engine_tls", "stashed_in_engine_tls",
+    "top_saved_tensors_hooks", "unstash_from_engine_tls",
 ]
 
 
@@ -191,6 +191,23 @@ def dynamo_imported() -> bool:
     True
     """
     return "torch._dynamo" in sys.modules
+
+
+def compiled_autograd_may_run() -> bool:
+    """Whether a backward of the graph being built now may run under compiled autograd: it is
+    enabled (``torch._dynamo.compiled_autograd._enable``) or configured
+    (``torch._dynamo.config.compiled_autograd``). Neither can be before Dynamo is imported. Read
+    with a default where a release lacks one of the two module globals.
+
+    >>> compiled_autograd_may_run()
+    False
+    """
+    if not dynamo_imported():
+        return False
+    state = sys.modules.get("torch._dynamo.compiled_autograd")
+    config = sys.modules.get("torch._dynamo.config")
+    return bool(getattr(state, "compiled_autograd_enabled", False)
+                or getattr(config, "compiled_autograd", False))
 
 
 def graph_break(msg: str) -> None:

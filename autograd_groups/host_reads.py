@@ -20,6 +20,16 @@ import torch
 _on = True
 
 
+def enabled() -> bool:
+    """Whether host reads are on (the default): where no tensor is at hand yet to ask
+    :func:`allowed` of.
+
+    >>> enabled()
+    True
+    """
+    return _on
+
+
 def allowed(tensor: torch.Tensor) -> bool:
     """Whether the library may read ``tensor``'s values on the host to skip work: a plain CPU tensor,
     while reads are not switched :func:`off`. Not a subclass: a compiler's fake or functional

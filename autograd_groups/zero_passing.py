@@ -14,12 +14,12 @@ whose backward is a select on a comparison of saved values (``relu``, ``clamp``,
 The verdict is computed once per node class, from the class's saved-value slots and the op's ATen
 schema; only the scalars are read per node.
 
-Many other nodes pass zeros on for the values they saved in one call (:func:`passing_now`): a
-product's backward multiplies the gradient by finite functions of its saved tensors (``mul``,
-``sin``, ``bmm``: ``0 · x = 0`` wherever they are finite), a quotient by a scalar divides it by
-that number (``x / 6``: ``0 / 6 = 0``). Where the forward may read values -- eagerly, on the CPU --
-one sum over them per call spares a NaN-safe group the hooks of every such node: the usual case,
-where a ``0 · inf`` comes from a few singular ops (docs/groups.md, "Where the hooks go").
+Many other nodes pass zeros on where the values they saved are finite: a product's backward
+multiplies the gradient by finite functions of its saved tensors (``mul``, ``sin``, ``bmm``:
+``0 · x = 0`` wherever they are finite). Which saved values are finite follows from the graph's
+structure (:mod:`autograd_groups.finiteness`); where it cannot tell and the forward may read values
+-- eagerly, on the CPU -- one sum over them per call (:func:`passing_now`) spares a NaN-safe group
+the hooks of the products it still had to hook (docs/groups.md, "Where the hooks go").
 """
 
 from __future__ import annotations
@@ -82,43 +82,31 @@ _PRODUCTS = frozenset({"MulBackward0", "MmBackward0", "BmmBackward0", "ExpBackwa
 CHECKED = 16384
 
 
-def _divides_safely(node: Any) -> bool:
-    """Whether a ``div`` node divides by a nonzero, finite scalar (``x / 6``, a Python number that
-    autograd saves as a 0-dim tensor): its backward is then ``grad / other``. Not where the divisor
-    needs a gradient: its own, ``-grad * self / other / other``, can overflow. A divisor with more
-    elements is not read: testing it costs about what its node's hook would."""
-    if node.next_functions[1][0] is not None:
-        return False
-    value = node._saved_other
-    return (isinstance(value, torch.Tensor) and value.dim() == 0 and host_reads.allowed(value)
-            and 0 < abs(value.item()) < math.inf)
-
-
 def passing_now(members: list[Any]) -> set[int]:
-    """The ids of the nodes among ``members`` that pass an exactly zero gradient on as zero in this
-    call, for the values they saved: the products (:data:`_PRODUCTS`) where all their saved tensors
-    are finite, read at once, and the quotients by a nonzero scalar.
+    """The ids of the products among ``members`` (:data:`_PRODUCTS`) that pass an exactly zero
+    gradient on as zero in this call: those whose saved tensors are all finite, read at once.
 
     The caller makes sure that the values may be read: an eager CPU forward, no compiler, no
-    ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them).
+    ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them);
+    and passes only the products the structure could not clear (:mod:`autograd_groups.finiteness`).
+
+    One sum tells for all of them: a single non-finite value clears none.
 
     >>> import torch
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
-    >>> product, quotient, root = x * x, x / 6, torch.sqrt(x)
-    >>> members = [product.grad_fn, quotient.grad_fn, root.grad_fn]  # ids hold while these live
+    >>> product, root = x * x, torch.sqrt(x)
+    >>> members = [product.grad_fn, root.grad_fn]  # ids hold while these live
     >>> found = passing_now(members)
     >>> [id(node) in found for node in members]
-    [True, True, False]
+    [True, False]
+    >>> passing_now([product.grad_fn, (x.log() * x).grad_fn])
+    set()
     """
-    quiet: set[int] = set()
     products: list[Any] = []
     saved: list[torch.Tensor] = []
     elements = 0
     for node in members:
-        name = type(node).__name__
-        if name == "DivBackward0" and _divides_safely(node):
-            quiet.add(id(node))
-        elif name in _PRODUCTS and elements <= CHECKED:  # past the bound, reading them is wasted
+        if type(node).__name__ in _PRODUCTS and elements <= CHECKED:  # past the bound, reading is wasted
             products.append(node)
             for n in nodes.saved_names(node):
                 value = getattr(node, "_saved_" + n)
@@ -130,8 +118,24 @@ def passing_now(members: list[Any]) -> set[int]:
         with torch.no_grad():
             total = torch.cat([t.reshape(-1) for t in saved]).sum().item()
         if math.isfinite(abs(total)):
-            quiet.update(id(node) for node in products)
-    return quiet
+            return {id(node) for node in products}
+    return set()
+
+
+def _class_verdict(cls: type) -> tuple[str, ...] | None:
+    if cls not in _verdicts:
+        _verdicts[cls] = _verdict(cls)
+    return _verdicts[cls]
+
+
+def reads_scalars(cls: type) -> bool:
+    """Whether nodes of class ``cls`` pass zeros on depending on the scalars they saved."""
+    return bool(_class_verdict(cls))
+
+
+def passes_zeros_class(cls: type) -> bool:
+    """Whether every node of class ``cls`` passes zeros on, whatever its values and scalars."""
+    return _class_verdict(cls) == ()
 
 
 def passes_zeros(node: Any) -> bool:
@@ -145,10 +149,7 @@ def passes_zeros(node: Any) -> bool:
     >>> passes_zeros(x.log().grad_fn), passes_zeros((x * x).grad_fn)
     (False, False)
     """
-    cls = type(node)
-    if cls not in _verdicts:
-        _verdicts[cls] = _verdict(cls)
-    scalars = _verdicts[cls]
+    scalars = _class_verdict(type(node))
     if not scalars:
         return scalars is not None
     return all(_scales_safely(getattr(node, "_saved_" + name)) for name in scalars)

@@ -57,7 +57,7 @@ def _rotation(v: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
     x, y, z = v.unbind(-1)
     zero = torch.zeros_like(x)
     k = torch.stack([zero, -z, y, z, zero, -x, -y, x, zero], -1).reshape(*v.shape[:-1], 3, 3)
-    return torch.eye(3, dtype=v.dtype) + a.unsqueeze(-1) * k + b.unsqueeze(-1) * (k @ k)
+    return torch.eye(3, dtype=v.dtype, device=v.device) + a.unsqueeze(-1) * k + b.unsqueeze(-1) * (k @ k)
 
 
 def rodrigues_double_where(v: torch.Tensor) -> torch.Tensor:

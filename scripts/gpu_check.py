@@ -18,7 +18,10 @@
 5. A speed table: forward+backward of built-ins against the native ops (median of ``--repeat``
    interleaved runs), with special cases on and off, against a hand-written ``autograd.Function``
    where there is one (cdist), and the peak memory of a forward+backward against native's.
-6. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
+6. NaN-safe groups (issue 30): the Rodrigues rotation (batch 64 to 4,194,304) and the entropy of
+   256 columns (64 to 262,144 rows) of benchmarks/bench_targets.py, rules on and off, against the
+   hand-written double ``where``; checked: the same gradients. ``--only nan-safe`` runs this alone.
+7. torch.compile (the variants of benchmarks/bench_compile.py): the Euclidean cdist as the plain
    composite, the group, a hand-written autograd.Function and torch.cdist, eager and compiled with
    inductor (Triton kernels on CUDA), and with ``mode="reduce-overhead"`` (CUDA graphs) on CUDA.
    Checked: the compiled group's gradients equal the eager group's, and, under CUDA graphs, a
@@ -51,6 +54,7 @@ import ops_cases  # noqa: E402  (the built-ins' cases with special points, share
 import rule_kinds  # noqa: E402  (one group per rule kind, shared with tests/test_host_sync.py)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_targets  # noqa: E402  (the NaN-safe groups of issues 23 and 30 and their hand forms)
 from bench_core import HandWrittenCdist, example  # noqa: E402  (the compile benchmark's variants)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -321,6 +325,61 @@ def speed_table(device: torch.device, repeat: int, scale: int) -> None:
               f"{med['on'] / med['native']:.2f} | {med['off'] / med['native']:.2f} | {versus} | {memory} |")
 
 
+#: NaN-safe table: Rodrigues batches, and entropy rows of 256 columns (divided by --scale).
+RODRIGUES_BATCHES = (64, 4096, 262144, 4194304)
+ENTROPY_ROWS = (64, 1024, 16384, 262144)
+
+
+Case = tuple[str, Callable[..., torch.Tensor], Callable[..., torch.Tensor], torch.Tensor]
+
+
+def _nan_safe_cases(device: torch.device, scale: int) -> list[Case]:
+    """(label, NaN-safe group, hand double where, input on ``device``) per workload and size."""
+    grouped = bench_targets.register()
+    cases: list[Case] = []
+    for batch in RODRIGUES_BATCHES:
+        v = bench_targets.rotations(max(8, batch // scale)).detach().to(device)
+        cases.append((f"Rodrigues, batch {v.shape[0]}", grouped["rodrigues"],
+                      bench_targets.rodrigues_double_where, v))
+    for rows in ENTROPY_ROWS:
+        g = torch.Generator().manual_seed(0)
+        p = torch.rand(max(8, rows // scale), 256, generator=g)
+        p[p < 0.125] = 0
+        cases.append((f"entropy, ({p.shape[0]}, 256)", grouped["entropy"],
+                      bench_targets.entropy_double_where, (p / p.sum(-1, keepdim=True)).to(device)))
+    return cases
+
+
+def nan_safe_table(device: torch.device, repeat: int, scale: int) -> int:
+    """Issue 30's table: NaN-safe Rodrigues and entropy against the hand-written double where,
+    rules on and off, from small batches to the millions; the number of cases whose gradients
+    differ from the hand form's."""
+    print(f"\n## NaN-safe groups vs the hand double where on {device}: forward + backward, median of "
+          f"{repeat} interleaved runs (float32)\n")
+    print("| workload | hand | rules on | rules off | on / hand | off / hand |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    failures = 0
+    for label, grouped, hand, x in _nan_safe_cases(device, scale):
+        leaf = x.requires_grad_()
+        got = _forward_backward(grouped, (leaf,), {})
+        want = _forward_backward(hand, (leaf,), {})
+        if not all(torch.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(got, want)):
+            failures += 1
+            print(f"| {label} | FAIL: other gradients than the hand form's | | | | |")
+            continue
+        variants = {"hand": (hand, True), "on": (grouped, True), "off": (grouped, False)}
+        for fn, enabled in variants.values():
+            _time(fn, (leaf,), {}, enabled, device)
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(repeat):
+            for k, (fn, enabled) in variants.items():
+                times[k].append(_time(fn, (leaf,), {}, enabled, device))
+        med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        print(f"| {label} | {med['hand']:.3f} ms | {med['on']:.3f} ms | {med['off']:.3f} ms | "
+              f"{med['on'] / med['hand']:.2f} | {med['off'] / med['hand']:.2f} |")
+    return failures
+
+
 def _cdist_points(device: torch.device, n: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(0)
     x1 = torch.randn(n, d, generator=g, device=device)
@@ -403,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test the script)")
     parser.add_argument("--repeat", type=int, default=25, help="timed runs per variant (default 25)")
     parser.add_argument("--scale", type=int, default=1, help="divide the speed table's sizes by this")
+    parser.add_argument("--only", choices=["nan-safe"], default=None,
+                        help="nan-safe: only the NaN-safe table (issue 30), for a short device run")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -410,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# gpu_check: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    if args.only == "nan-safe":
+        failures = nan_safe_table(device, args.repeat, args.scale)
+        print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
+        return 1 if failures else 0
     failures = check_builtins(device) + check_flag(device)
     with ag.registry_scope():
         failures += check_syncs(device)
@@ -418,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     failures += sum(autocast_check(device, dtype) for dtype in (torch.bfloat16, torch.float16))
     print("```")
     speed_table(device, args.repeat, args.scale)
+    failures += nan_safe_table(device, args.repeat, args.scale)
     failures += check_compiled(device, args.repeat, args.scale)
     print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
     return 1 if failures else 0

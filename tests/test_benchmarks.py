@@ -115,3 +115,15 @@ def test_the_hand_written_groups_give_the_norms_gradient() -> None:
             got = torch.autograd.grad(fn(x).sum(), x)[0]
             torch.testing.assert_close(got, want)
     assert torch.autograd.grad(bench_targets.norm3(x).sum(), x)[0].isnan().any()
+
+
+def test_bench_nan_safe_prints_each_issue_30_target_with_met_or_missed() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_nan_safe.py"), "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ") for line in done.stdout.splitlines() if line.startswith("| ") and "≤" in line]
+    assert [row[0].split(",")[0] for row in rows] == [
+        "| NaN-safe Rodrigues vs hand double where", "| NaN-safe entropy vs hand double where",
+        "| slerp with nested ops.atan2 and ops.vector_norm vs hand", "| extra ATen ops over hand",
+        "| 3-op subgradient group vs plain"]
+    assert all(row[3].strip(" |") in ("met", "missed") for row in rows)

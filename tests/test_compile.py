@@ -302,12 +302,46 @@ def test_compiled_autograd_applies_the_rules(forward):
     want = grads(model, leaf(ROWS))
     for scale in (1.0, 2.0):  # a second backward reuses the compiled one with new saved values
         x = (leaf(ROWS) * scale).detach().requires_grad_()
-        loss = run(x)
+        # The forward inside the block too: a rule site keeps its saved values for compiled
+        # autograd only while it is enabled (docs/compile.md).
         with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            loss = run(x)
             loss.backward()
         assert_same((x.grad,), grads(model, x))
     assert_same((x.grad,), want)
     assert dict(counters["graph_break"]) == {}
+
+
+def test_a_rule_site_keeps_no_saved_values_until_compiled_autograd_is_on():
+    """Importing Dynamo costs a group nothing: a site keeps its saved values only while compiled
+    autograd is enabled or configured, and a compiled-autograd backward of a forward that ran
+    without it raises, naming the fix, rather than giving the plain (NaN) gradient."""
+    from autograd_groups.sites import hooks
+
+    def model(a):
+        return (ag.ops.cdist(a, a.detach()) * torch.arange(3.0, dtype=a.dtype)).sum()
+
+    kept = []
+    capture = hooks.capture
+
+    def spy(node, rules):
+        values = capture(node, rules)
+        kept.append(bool(values))
+        return values
+
+    hooks.capture = spy
+    try:
+        x = leaf(ROWS)
+        loss = model(x)
+        assert kept and not any(kept)
+        with torch._dynamo.config.patch(compiled_autograd=True):
+            model(leaf(ROWS))
+        assert kept[-1]
+    finally:
+        hooks.capture = capture
+    with pytest.raises(ag.RuleError, match="compiled autograd was neither enabled nor configured"), \
+            torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+        loss.backward()
 
 
 OVERRIDES = {
@@ -341,10 +375,9 @@ def test_compiled_autograd_obeys_a_backward_scope():
     nan = []
     for enabled in (True, False, True):
         x = leaf(ROWS)
-        loss = model(x)
         with ag.special_cases(enabled, during="backward"), \
                 torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
-            loss.backward()
+            model(x).backward()
         nan.append(bool(x.grad.isnan().any()))
     assert nan == [False, True, False]
 
@@ -440,3 +473,18 @@ def test_grouping_compiled_code_is_refused():
         with pytest.raises(ag.GroupError, match=r"group 'cmp_around' .* torch\.compile'd graph"):
             ag.autograd_group("cmp_around")(compiled_norm)(leaf(ROWS))
     assert ag.groups.lifecycle.open_instances() == []
+
+
+def test_a_nan_safe_group_dividing_by_a_number_compiles_into_one_graph():
+    """The structure's decisions read no fake value while the graph is traced (issue 30): a quotient
+    by a number is then hooked, and the gradients equal the eager ones."""
+    with ag.registry_scope():
+        ag.register_rule("cmp_ns", ag.NanSafe())
+
+        @ag.autograd_group("cmp_ns")
+        def f(x):
+            return torch.where(x > 0, torch.log(x) * (x / 6) + x ** 2, 0.0)
+
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+        assert_same(grads(compiled, leaf([0.0, 1.0, 2.0])), grads(f, leaf([0.0, 1.0, 2.0])))
+        assert torch.isfinite(grads(compiled, leaf([0.0, 1.0, 2.0]))[0]).all()

@@ -44,3 +44,18 @@ def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     compiled = [line for line in out.splitlines() if line.startswith("| (") and "N, M, D" not in line]
     assert [line.split(" | ")[0] for line in compiled] == ["| (4, 4, 3)", "| (64, 64, 16)", "| (64, 64, 64)"]
     assert out.rstrip().endswith("All checks passed.")
+    nan_safe = [line for line in out.splitlines() if line.startswith(("| Rodrigues, batch", "| entropy, ("))]
+    assert len(nan_safe) == len(gpu_check.RODRIGUES_BATCHES) + len(gpu_check.ENTROPY_ROWS)
+    assert not any("FAIL" in line for line in nan_safe)
+
+
+def test_the_nan_safe_table_alone_for_a_short_device_run(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--scale", "4096", "--only", "nan-safe"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| Rodrigues", "| entropy"))]
+    assert len(rows) == 8 and all(float(row[4]) > 0 and float(row[5].strip(" |")) > 0 for row in rows)
+    assert "## Built-ins" not in out and out.rstrip().endswith("All checks passed.")

@@ -147,14 +147,13 @@ BY_VALUE: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, 
     "cos": (torch.cos, _FINITE, _HOSTILE),
     "tanh": (torch.tanh, _FINITE, _HOSTILE),
     "sigmoid": (torch.sigmoid, _FINITE, _HOSTILE),
-    "div by a number": (lambda x: x / 6, _FINITE, _HOSTILE),  # 0 / 6 is 0 whatever x is
 }
 
 
 @pytest.mark.parametrize("name", BY_VALUE)
 def test_a_node_passes_zeros_on_for_the_values_it_saved(name: str) -> None:
     op, finite, hostile = BY_VALUE[name]
-    for values, passing in ((finite, True), (hostile, name == "div by a number")):
+    for values, passing in ((finite, True), (hostile, False)):
         x = values.clone().requires_grad_()
         out = op(x)
         assert (id(out.grad_fn) in passing_now([out.grad_fn])) is passing, (name, values)

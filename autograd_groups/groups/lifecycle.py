@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .. import compat, frames, nodes
+from .. import compat, finiteness, frames, host_reads, nodes
 from ..claims import CLAIM, Claim
 from ..errors import GroupError, InertRuleWarning
 from ..instance import GroupInstance
@@ -178,26 +178,44 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
     members: list[Any] = []
     boundary: list[Any] = []
     edges: list[tuple[Any, Any]] = []
-    seen: set[int] = set()
+    # Per node seen: its member index, or below 0 its place among the boundary's nodes.
+    index: dict[int, int] = {}
+    # A NaN-safe instance writes its structure down as it walks (finiteness.py, "tokens").
+    tokens: list[Any] | None = [] if instance.rules.nan_safe is not None else None
+    readers = finiteness.READERS
     start = instance._start
-    stack = list(reversed(roots))
+    stack: list[tuple[Any, int]] = [(root, 0) for root in reversed(roots)]
     while stack:
-        node = stack.pop()
+        node, nr = stack.pop()
+        if node is None:  # an input that needs no gradient
+            if tokens is not None:
+                tokens.append(None)
+            continue
         key = id(node)
-        if key in seen:
-            continue
-        seen.add(key)
-        if type(node) is nodes.ACCUMULATE_GRAD or key in named or node._sequence_nr() < start:
+        seen = index.get(key)
+        if seen is None and (type(node) is nodes.ACCUMULATE_GRAD or key in named
+                             or node._sequence_nr() < start):
+            seen = index[key] = -1 - len(boundary)
             boundary.append(node)
+        if seen is not None:
+            if tokens is not None:
+                tokens.append((seen, nr))
             continue
+        index[key] = len(members)
         members.append(node)
-        for child, _ in reversed(node.next_functions):
-            if child is not None:
-                stack.append(child)
-                if traced:
-                    edges.append((node, child))
+        children = node.next_functions
+        if tokens is not None:
+            cls = type(node)
+            read = readers.get(cls, finiteness.UNKNOWN)
+            if read is finiteness.UNKNOWN:
+                read = finiteness.reader(cls)
+            tokens.append((cls, None if read is None else read(node), len(children), nr))
+        stack.extend(reversed(children))
+        if traced:
+            edges.extend((node, child) for child, _ in children if child is not None)
+    sites = finiteness.sites(tokens, len(roots)) if tokens is not None else None
     vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
-    install_rules(instance, members, vertices)
+    install_rules(instance, members, vertices, sites=sites)
     if traced and instance.rules:
         inputs.watch(instance, members, boundary)
     if instance.session is not None:
@@ -205,48 +223,72 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
 
 
 def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[int, str],
-             tagged: bool = False) -> None:
-    """Hook the instance's rules onto its members; innermost groups win on the same op."""
+                  tagged: bool = False, sites: finiteness.Sites | None = None) -> None:
+    """Hook the instance's rules onto its members; innermost groups win on the same op.
+
+    ``sites`` are the members (by index) a NaN-safe rule needs and the gradients it zeroes there,
+    from the instance's structure; without them (a tagged node, whose inputs are unknown) every
+    member that does not pass zeros on is a site."""
     rules = instance.rules
     if rules and compat.dynamo_imported():
         _refuse_compiled(instance, members)
     traced = instance.graph is not None
     read = instance.nested or traced or tagged
     write = read or instance.parent is not None
-    quiet = passing_now(members) if rules.nan_safe is not None and saved.readable() else set()
+    if rules.nan_safe is not None:
+        if sites is None:
+            sites = {i: None for i, node in enumerate(members) if not passes_zeros(node)}
+        if sites and host_reads.enabled() and saved.readable():
+            # The CPU value read, where it still removes hooks: products the structure could not clear.
+            quiet = passing_now([members[i] for i in sites])
+            sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
-    for node in members:
+    # Only the sites need a look where no other rule and no claim is to be written.
+    quick = sites is not None and not (write or rules.subgradients)
+    visited = sorted(sites) if quick and sites is not None else range(len(members))
+    for i in visited:
+        node = members[i]
         subgradients = rules.at(node)
         nan_safe = rules.nan_safe
+        zeroed: tuple[int, ...] | None = None
+        if nan_safe is not None:
+            if subgradients:  # a rule may make the backward non-linear in its gradient
+                nan_safe = None if passes_zeros(node) else nan_safe
+            elif sites is not None and i in sites:
+                zeroed = sites[i]
+            else:
+                nan_safe = None
         if not (subgradients or nan_safe or write):
             continue
         sited = sited or bool(subgradients)
-        if nan_safe is not None and not subgradients and id(node) in quiet:
-            nan_safe = None
         claim = node.metadata.get(CLAIM) if read else None
         if claim is not None:
             subgradients = () if nodes.node_key(node) in claim.ruled else subgradients
             nan_safe = None if claim.nan_safe else nan_safe
-        if nan_safe is not None and passes_zeros(node):
-            nan_safe = None
         vertex = vertices.get(id(node)) if traced else None
         if subgradients or nan_safe is not None:
-            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node))
+            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node, zeroed))
             if traced:
-                sites: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
+                sites_rules: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
                 instance.graph.nodes[vertex]["rules"].extend(
-                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites)
+                    {"label": r.label, "kind": r.kind, "group": instance.id} for r in sites_rules)
         elif not write:
             continue
         if claim is None:
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
         if subgradients:  # all of one op: the node's
             claim.ruled.add(subgradients[0].op_key)
+            claim.cured = claim.cured or any(r.key in _CURES for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
     if rules.subgradients and members and not sited:
         _warn_absent_ops(instance, members)
+
+
+#: Subgradient rules that set the gradient exactly where their op's derivative is infinite: a node
+#: with one passes zeros on where its input is finite (and, for a root, non-negative).
+_CURES = frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

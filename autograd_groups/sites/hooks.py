@@ -9,7 +9,6 @@ tensor is saved and no autograd node is added.
 from __future__ import annotations
 
 import contextlib
-import math
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,7 +17,6 @@ import torch
 from torch.utils.checkpoint import CheckpointError
 
 from .. import compat, flag, host_reads, nodes
-from ..claims import CLAIM
 from ..errors import RuleError, SecondOrderWarning
 from ..frames import warn
 from ..instance import GroupInstance
@@ -138,10 +136,12 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
     except KeyError:
         raise _fail(site.instance, rule.label, site.op,
                     "this backward runs without the op's autograd node (compiled autograd), and "
-                    "the op's saved values could not be kept at forward, because saved-tensor hooks "
-                    "(torch.utils.checkpoint, save_on_cpu) were active or torch._dynamo was not yet "
-                    "imported: run this backward without compiled autograd, or the forward without "
-                    "those hooks and after importing torch._dynamo") from None
+                    "the op's saved values were not kept at forward, because compiled autograd was "
+                    "neither enabled nor configured while the forward ran, or saved-tensor hooks "
+                    "(torch.utils.checkpoint, save_on_cpu) were active: run the forward under "
+                    "compiled autograd too (inside the same torch._dynamo.compiled_autograd._enable "
+                    "block, or with torch._dynamo.config.compiled_autograd = True) and without "
+                    "those hooks, or this backward without compiled autograd") from None
     except CheckpointError as e:
         raise _fail(site.instance, rule.label, site.op,
                     f"cannot read the op's saved {name!r} ({e}); torch.utils.checkpoint with "
@@ -253,27 +253,32 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     the masks of the elements it changed (none for a gradient zeroed in place, which is done only
     where nobody counts: not ``traced``, no graph differentiating this backward).
 
-    Where an incoming element is exactly zero, the outgoing element a backward computes from it is
-    zero or, through ``0 · ∞`` or ``0 / 0``, NaN, where the gradients are linear in it (see
-    ``SiteHook.linear``; a custom ``autograd.Function`` or a rule with a constant ``grad`` need not
-    be): a gradient without a non-finite element then has nothing to zero. On the CPU, outside a
-    graph that differentiates this backward (``plain``), one sum tells.
+    Outside a graph that differentiates this backward (``plain``) and untraced, a gradient the hook
+    owns is zeroed in place: on the CPU (value reads on) by its bits times ``incoming.bool()``,
+    elsewhere by ``masked_fill_(incoming == 0, 0)``, two kernels for the first gradient and one for
+    each further one. No sum is read first to skip a gradient without a non-finite element: where
+    the structure hooks a node, its zeros usually meet an infinity (docs/groups.md).
     """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []
     if not incoming:
         return changed
-    look = plain and site.linear and _may_look(incoming[0])
+    bits = _may_look(incoming[0])
     elementwise = len(incoming) == 1 and site.elementwise
     zero: torch.Tensor | None = None  # where the one incoming gradient is 0, shared by the outputs
     nonzero: torch.Tensor | None = None  # its complement, for the gradients zeroed in place
+    zeroed = site.zeroed
     for i, grad in enumerate(grads):
-        if grad is None or (look and grad.is_floating_point() and math.isfinite(grad.sum().item())):
+        if grad is None or (zeroed is not None and i not in zeroed):
             continue
         same = elementwise and grad.shape == incoming[0].shape
-        if same and look and not traced and _owned(grad, grad_outputs):
-            nonzero = incoming[0].bool() if nonzero is None else nonzero
-            _keep_where(grad, nonzero)
+        if same and plain and not traced and _owned(grad, grad_outputs):
+            if bits and grad.dtype in _BITS:  # the CPU's cheapest zeroing
+                nonzero = incoming[0].bool() if nonzero is None else nonzero
+                _keep_where(grad, nonzero)
+            else:  # the fewest kernels, for a GPU: a compare shared by the gradients, and a fill
+                zero = incoming[0] == 0 if zero is None else zero
+                grad.masked_fill_(zero, 0)
             continue
         if same:
             zero = incoming[0] == 0 if zero is None else zero
@@ -291,9 +296,9 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
 
 
 def _may_look(grad: torch.Tensor) -> bool:
-    """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
-    work: a CPU tensor with storage (reading a device's value would stall it)."""
-    return host_reads.allowed(grad) and type(grad) is torch.Tensor and compat.has_storage(grad)
+    """Whether a hook of a plain backward may zero gradients like ``grad`` the CPU's way (the bits
+    times a bool mask, cheapest there): a CPU tensor with storage, host reads on."""
+    return host_reads.allowed(grad) and compat.has_storage(grad)
 
 
 #: Per floating dtype, the integer dtype of its bits.
@@ -319,10 +324,10 @@ def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor
     """The saved values ``rules`` read of ``node``, read at forward for a backward that runs without the
     node: compiled autograd frees them before it traces the site's hook. Detached, so that a value
     that is the node's own output holds no reference back to the node. Nothing where reading them
-    now would run saved-tensor hooks (checkpoint would recompute) or would be traced."""
-    # Compiled autograd needs Dynamo: where it is not loaded, no backward of this graph runs without
-    # its nodes (one started with compiled autograd enabled later is told so by the rule site).
-    if not compat.dynamo_imported() or not saved.readable():
+    now would run saved-tensor hooks (checkpoint would recompute) or would be traced, nor where
+    compiled autograd is neither enabled nor configured: a compiled-autograd backward of such a
+    graph is told so by the rule site."""
+    if not compat.compiled_autograd_may_run() or not saved.readable():
         return {}
     try:
         return {name: getattr(node, attribute).detach()
@@ -382,12 +387,16 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "linear",
-                 "elementwise", "captured")
+    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "elementwise",
+                 "captured", "zeroed")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
-                 nan_safe: NanSafe | None, vertex: str | None, node: Any) -> None:
+                 nan_safe: NanSafe | None, vertex: str | None, node: Any,
+                 zeroed: tuple[int, ...] | None = None) -> None:
         self.instance = instance
+        #: The gradients a NaN-safe rule zeroes here (by input index), or None for all: a product
+        #: zeroes only those multiplied by a saved value that may be non-finite (finiteness.py).
+        self.zeroed = zeroed
         self.subgradients = subgradients
         self.nan_safe = nan_safe
         #: The rules that run here, in the order they run.
@@ -395,10 +404,6 @@ class SiteHook:
             subgradients if nan_safe is None else (*subgradients, nan_safe))
         self.vertex = vertex
         self.node_class: type = type(node)
-        #: Whether the gradients a NaN-safe rule sees here are linear in the incoming gradient: those
-        #: of a generated backward that no subgradient rule (of any group) changed before.
-        self.linear = (nan_safe is not None and not subgradients and nodes.is_generated_class(self.node_class)
-                       and not getattr(node.metadata.get(CLAIM), "ruled", None))
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
         self.captured = capture(node, subgradients) if subgradients else {}
 
