@@ -2,7 +2,7 @@
 
 A run of the user's code, traced with a :class:`~autograd_groups.observe.recording.Recorder`, tells
 which (group, rule, instance) fired, and keeps a copy of each decorator group's call. Each such
-instance is checked at a :class:`~autograd_groups.observe.points.Point`: the group's function of its
+instance is checked at a :class:`~autograd_groups.verify.points.Point`: the group's function of its
 own inputs; a ``with`` block or a ``tag`` is no function of its own, so its point is ``fn`` of
 ``fn``'s arguments. At the point, in float64 (:mod:`.points`, :mod:`.limits`):
 
@@ -28,9 +28,10 @@ from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..rules.kinds import Override, Rule, Subgradient
 from ..sites.hooks import second_order_untold
-from . import counters, limits, tracer
+from ..observe import counters, tracer
+from . import limits
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
-from .recording import Recorder, recording
+from ..observe.recording import Recorder, recording
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Report, Row
 
 #: How many instances of each group where a rule fired are checked, by default.

@@ -23,8 +23,9 @@ from .. import flag
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..rules.kinds import NanSafe
-from . import limits, tracer
-from .recording import Recorder, Site, recording
+from ..observe import tracer
+from ..observe.recording import Recorder, Site, recording
+from . import limits
 
 _SEED = 0
 _SEEDED = torch.Generator().manual_seed(_SEED).get_state()
