@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from . import __version__
-from .verify import cli as verify_cli
 from .spec import cli as spec_cli
+from .verify import cli as verify_cli
 from .viz import cli as viz_cli
 
 

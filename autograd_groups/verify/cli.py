@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
-from ..viz.cli import _check_script, _ended, _run, _say, _script_arguments
 from ..observe.recording import Recorder, recording
 from ..observe.tracer import trace
+from ..viz.cli import _check_script, _ended, _run, _say, _script_arguments
 from .verify import MAX_INSTANCES, check
 
 USAGE = "autograd-groups verify SCRIPT.py [--order 2] [--max-instances N] [--json] [-- ARGS]"

@@ -22,9 +22,9 @@ import torch
 from .. import flag
 from ..errors import GroupError
 from ..instance import GroupInstance
-from ..rules.kinds import NanSafe
 from ..observe import tracer
 from ..observe.recording import Recorder, Site, recording
+from ..rules.kinds import NanSafe
 from . import limits
 
 _SEED = 0

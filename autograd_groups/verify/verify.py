@@ -26,12 +26,12 @@ from ..errors import GroupError
 from ..frames import user_line
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
+from ..observe import counters, tracer
+from ..observe.recording import Recorder, recording
 from ..rules.kinds import Override, Rule, Subgradient
 from ..sites.hooks import second_order_untold
-from ..observe import counters, tracer
 from . import limits
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
-from ..observe.recording import Recorder, recording
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Report, Row
 
 #: How many instances of each group where a rule fired are checked, by default.
