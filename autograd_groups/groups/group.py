@@ -155,10 +155,13 @@ class autograd_group:
         defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
-                override: bool = True) -> Any:
+                override: bool = True, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:
             instance = open_instance(name, enabled, where)
             if instance is None:
                 return fn(*args, **kwargs)
+            # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
+            # which all require grad): what a check of a second derivative re-runs the group on.
+            instance.call = (fn, *(call or (args, kwargs)))
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs)
             if instance.rules.override is not None and override:
@@ -201,7 +204,8 @@ class autograd_group:
                 if tangents.wanted(args, kwargs, override is not None):
                     where = caller(2)
                     return tangents.run(name, where, fn,
-                                        lambda a, k: run(a, k, enabled, where, override=False), args,
+                                        lambda a, k: run(a, k, enabled, where, override=False,
+                                                         call=(args, kwargs)), args,
                                         kwargs, override, context)
             return run(args, kwargs, enabled, caller(2))
 

@@ -83,6 +83,22 @@ def detect_nonfinite(forward: bool = True) -> Iterator[None]:
             _forward_depth -= forward
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside the block, ``detect_nonfinite()`` checks nothing: ``ag.verify`` samples the plain
+    composite near special points on purpose, where it is not finite."""
+    global _depth, _forward_depth
+    with _lock:
+        depth, forward = _depth, _forward_depth
+        _depth = _forward_depth = 0
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth += depth
+            _forward_depth += forward
+
+
 def _finite(grad: torch.Tensor | None) -> bool:
     return grad is None or bool(torch.isfinite(grad).all())
 

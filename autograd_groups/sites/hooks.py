@@ -8,11 +8,9 @@ tensor is saved and no autograd node is added.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,13 +19,12 @@ from torch.utils.checkpoint import CheckpointError
 
 from .. import flag, nodes
 from ..claims import CLAIM
-from ..errors import RuleError, SecondOrderWarning
-from ..frames import warn
+from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import passes_zeros
-from . import levels, saved
+from . import levels, saved, second_order
 
 Grads = list[torch.Tensor | None]
 _DYNAMO = "torch._dynamo"
@@ -336,46 +333,6 @@ def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor
         return {}
 
 
-_warned: set[tuple[str, str]] = set()  # (group, rule label) told of a second derivative through it
-
-
-@contextlib.contextmanager
-def second_order_untold() -> Iterator[None]:
-    """Neither show nor count, inside the block, the second-order warnings (``ag.verify``'s own
-    runs take second derivatives through rules on purpose; the user is still told at theirs)."""
-    told = set(_warned)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SecondOrderWarning)
-        try:
-            yield
-        finally:
-            _warned.clear()
-            _warned.update(told)
-
-
-def _warn_second_order(site: SiteHook, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
-    """Warn, once per group and rule, that a second derivative flows through elements where
-    ``rule`` fired: there it is the rule's own derivative, which no one has checked."""
-    key = (site.instance.name, rule.label)
-    if key in _warned:
-        return
-    elements = sum(int(levels.anywhere(m).sum()) for m in masks)
-    if not elements:
-        return
-    _warned.add(key)
-    own = ("0, since NaN-safe passes exactly 0 there" if isinstance(rule, NanSafe)
-           else "0, since its grad is a constant" if rule.constant is not None
-           else "the derivative of its grad expression")
-    warn(
-        f"group {site.instance.name!r} (created at {site.instance.where}), rule {rule.label}, at op "
-        f"{site.op}: a second derivative flows through {elements} element(s) where the rule fired, "
-        f"and there it is the rule's own derivative ({own}), not the function's. Where the function "
-        f"is smooth at those points (cos(|v|) at v = 0), that is wrong: give the group an override "
-        f"whose replacement backward is differentiable with the right derivative there (docs/groups.md, "
-        f"'Second order through a rule'), and check the rule with ag.verify(fn, *args, order=2)",
-        SecondOrderWarning)
-
-
 class SiteHook:
     """The post-hook at one rule site: the rules of one instance that apply to one node.
 
@@ -457,12 +414,12 @@ class SiteHook:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                _warn_second_order(self, rule, [mask])
+                second_order.tell(instance, self.op, rule, [mask])
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                _warn_second_order(self, self.nan_safe, masks)
+                second_order.tell(instance, self.op, self.nan_safe, masks)
         if counted:
             self._count(ran, traced)
         return tuple(grads)

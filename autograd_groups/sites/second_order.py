@@ -1,0 +1,146 @@
+"""Second order through a rule (DESIGN.md §7): where a second derivative flows through elements at
+which a subgradient or NaN-safe rule fired, it is the rule's own derivative. The first time that
+happens at a call site (the line that called the group), the rule is checked there, as
+``ag.verify(order=2)`` checks it, and a :class:`~autograd_groups.errors.SecondOrderWarning` is
+given if, and only if, the rule's second derivative is not the function's or could not be checked.
+
+The check itself lives in ``verify/`` (it re-runs the group), above this layer: it is installed
+here with :func:`set_checker` when ``autograd_groups`` is imported. The warning goes through
+``warnings`` with the call site as its location, so that the standard filters decide what repeats
+(``"default"`` shows it once per call site, ``"always"`` and ``pytest.warns`` every time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import SecondOrderWarning
+from ..instance import GroupInstance
+from ..rules.kinds import NanSafe, Subgradient
+from . import levels
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the check of a call site found: ``status`` is ``"consistent"``, ``"inconsistent"`` or
+    ``"not checked"``; ``detail`` says where and by how much, or why it was not checked."""
+
+    status: str
+    detail: str = ""
+
+
+#: ``(instance, rule) -> Verdict``: the check (verify/site_check.py), once installed.
+Checker = Callable[[GroupInstance, Any], Verdict]
+_checker: Checker | None = None
+_verdicts: dict[tuple[str, tuple[str, int], str], Verdict] = {}
+#: Per call site and rule, the backward pass (graph task) that last told of it.
+_told: dict[tuple[str, tuple[str, int], str], int] = {}
+#: Per file, the registry that ``warnings`` keeps of what it has shown at each line there.
+_registries: dict[str, dict[Any, Any]] = {}
+_lock = threading.Lock()
+_quiet = 0  # how many checks (or ag.verify runs) are running now, in any thread
+
+
+def set_checker(checker: Checker) -> None:
+    """Install the check that a call site's first second derivative through a rule runs."""
+    global _checker
+    _checker = checker
+
+
+@contextlib.contextmanager
+def untold() -> Iterator[None]:
+    """Inside the block, second derivatives through rules are neither checked nor told of:
+    ``ag.verify`` and the check itself take them on purpose. Process-wide, as the autograd engine
+    may run the hooks on its own threads."""
+    global _quiet
+    with _lock:
+        _quiet += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _quiet -= 1
+
+
+def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
+    """A second derivative flows through the elements ``masks`` where ``rule`` fired at op ``op`` of
+    ``instance``: check the call site the first time, and warn unless the rule is right there."""
+    if _quiet:
+        return
+    elements = sum(int(levels.anywhere(m).sum()) for m in masks)
+    if not elements:
+        return
+    key = (instance.name, instance.site, rule.label)
+    verdict = _verdicts.get(key)
+    if verdict is None:
+        verdict = _check(instance, rule)
+        _verdicts[key] = verdict
+    if verdict.status == "consistent":
+        return
+    # Once per backward pass: the rule's other sites in the instance are the same finding.
+    task = torch._C._current_graph_task_id()
+    with _lock:
+        if _told.get(key) == task:
+            return
+        _told[key] = task
+    file, line = instance.site
+    with _lock:
+        registry = _registries.setdefault(file, {})
+    warnings.warn_explicit(_message(instance, op, rule, elements, verdict), SecondOrderWarning,
+                           file, line or 1, registry=registry)
+
+
+def _check(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
+    if instance.call is None:
+        return Verdict("not checked", "a `with` block or tag() cannot be run again on its own inputs")
+    if _checker is None:
+        return Verdict("not checked", "ag.verify's check is not installed (import autograd_groups)")
+    with untold():
+        try:
+            return _checker(instance, rule)
+        except Exception as e:  # the user's function, re-run: whatever it raises, the warning says
+            return Verdict("not checked", f"running the group again on float64 copies of its inputs "
+                                          f"raised {e!r}")
+
+
+def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elements: int,
+             verdict: Verdict) -> str:
+    own = ("0, since NaN-safe passes exactly 0 there" if isinstance(rule, NanSafe)
+           else "0, since its grad is a constant" if rule.constant is not None
+           else "the derivative of its grad expression")
+    where = (f"group {instance.name!r} (created at {instance.where}), rule {rule.label}, at op {op}: "
+             f"a second derivative flows through {elements} element(s) where the rule fired, and "
+             f"there it is the rule's own derivative ({own})")
+    if instance.call is None:
+        return (f"{where}, which was not checked: {verdict.detail}. Check it with "
+                f"ag.verify(fn, *args, order=2) on the function that contains the group")
+    if verdict.status == "inconsistent":
+        found = f"{where}, which is not the function's: {verdict.detail}"
+    else:
+        found = (f"{where}; whether that is the function's could not be checked at the group's own "
+                 f"inputs ({verdict.detail}), and where the group's output enters a function that is "
+                 f"smooth there (a kernel of a distance, cos(|v|) at v = 0) it is not")
+    return f"{found}. {_advice(instance)}"
+
+
+def _advice(instance: GroupInstance) -> str:
+    """What the user can do: a built-in's own rules are not theirs to change."""
+    assert instance.call is not None
+    module = getattr(instance.call[0], "__module__", "") or ""
+    if module.startswith("autograd_groups.ops"):
+        return (f"{instance.name} is a built-in: write the function that uses it so that it is smooth "
+                f"without the rule (a kernel of a distance in the squared distance, e.g. "
+                f"exp(-d2 / (2 * l**2)) with d2 = ((x[:, None] - y[None]) ** 2).sum(-1)), or wrap the "
+                f"whole function in a group of your own with an override whose backward is right "
+                f"there (docs/groups.md, 'Second order through a rule'); check it with "
+                f"ag.verify(fn, *args, order=2)")
+    return (f"Give group {instance.name!r} an override whose replacement backward is differentiable "
+            f"with the right derivative there (docs/groups.md, 'Second order through a rule'), and "
+            f"check it with ag.verify(fn, *args, order=2)")
