@@ -76,10 +76,10 @@ class GroupInstance:
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = torch._C._autograd._get_sequence_nr()
-        #: ``(fn, args, kwargs)`` of a decorator group's call (references, no copies), so that a
-        #: second derivative through a rule can be checked on the group's own inputs
-        #: (sites/second_order.py); None for a ``with`` block or ``tag``, which cannot be re-run.
-        self.call: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None
+        #: A decorator group's call, detached (``sites.second_order.remember``), so that a second
+        #: derivative through a rule can be checked on the group's own inputs; None for a ``with``
+        #: block or ``tag``, which cannot be re-run.
+        self.call: tuple[Any, tuple[Any, ...], dict[str, Any], frozenset[int]] | None = None
 
     @property
     def where(self) -> str:

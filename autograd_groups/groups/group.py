@@ -17,7 +17,7 @@ from ..errors import GroupError
 from ..instance import GroupInstance
 from ..rules import registry
 from ..rules.kinds import OverrideContext
-from ..sites import tangents
+from ..sites import second_order, tangents
 from ..sites.levels import graph_roots
 from . import compiled
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
@@ -161,7 +161,8 @@ class autograd_group:
                 return fn(*args, **kwargs)
             # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
             # which all require grad): what a check of a second derivative re-runs the group on.
-            instance.call = (fn, *(call or (args, kwargs)))
+            if not torch.compiler.is_compiling():  # a compiled graph's group is not re-run
+                instance.call = second_order.remember(fn, *(call or (args, kwargs)))
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs)
             if instance.rules.override is not None and override:

@@ -290,6 +290,12 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     return changed
 
 
+def _counted(masks: list[torch.Tensor]) -> int | None:
+    """The elements ``masks`` set, or None where one is a vmap batch."""
+    plain = [levels.unwrapped(m)[0] for m in masks]
+    return None if any(m is None for m in plain) else sum(int(m.sum()) for m in plain if m is not None)
+
+
 def _may_look(grad: torch.Tensor) -> bool:
     """Whether a hook of a plain backward may read the values of gradients like ``grad`` to skip
     work: a CPU tensor with storage (reading a device's value would stall it)."""
@@ -431,9 +437,12 @@ class SiteHook:
         if not traced:
             counters.count_site(instance, self.rules)
             return
-        elements = [sum(int(m.sum()) for m in masks) for _, masks in ran]
+        # Under vmap a mask is a batch, whose elements per entry are not there to count: the
+        # counters say so, and the trace records where the rule fired for some entry of it.
+        elements = [_counted(masks) for _, masks in ran]
         counters.count_site(instance, self.rules, elements)
         for (rule, masks), n in zip(ran, elements):
-            instance.record_hit(self.vertex, rule.label, n)
+            instance.record_hit(self.vertex, rule.label,
+                                sum(int(levels.anywhere(m).sum()) for m in masks) if n is None else n)
             if instance.recorder is not None:
                 instance.recorder.changed(instance, rule, masks)

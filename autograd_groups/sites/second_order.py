@@ -48,6 +48,43 @@ _lock = threading.Lock()
 _quiet = 0  # how many checks (or ag.verify runs) are running now, in any thread
 
 
+class Batched:
+    """Stands for an argument that was a vmap batch: its entries are not one point to check."""
+
+
+#: A call as a check re-runs it: the function, its arguments (tensors as plain, detached values
+#: under their torch.func wrappers, or :class:`Batched`), and the ids of those that require grad.
+Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], frozenset[int]]
+
+
+def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    """The call ``fn(*args, **kwargs)`` of a decorator group, for its instance to keep.
+
+    Detached: an argument's ``grad_fn`` can hold the instance (a traced boundary node, an argument
+    the group changes in place), and autograd's graph is a place the cycle collector cannot see.
+
+    >>> import torch
+    >>> fn, args, _, wanted = remember(torch.sin, (torch.ones(2, requires_grad=True) * 2,), {})
+    >>> args[0].grad_fn is None, id(args[0]) in wanted
+    (True, True)
+    """
+    wanted: set[int] = set()
+
+    def keep(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        plain, grad = levels.unwrapped(value)
+        if plain is None:
+            return Batched()
+        plain = plain.detach()
+        if grad:
+            wanted.add(id(plain))
+        return plain
+
+    kept = tuple(keep(a) for a in args)
+    return fn, kept, {k: keep(v) for k, v in kwargs.items()}, frozenset(wanted)
+
+
 def set_checker(checker: Checker) -> None:
     """Install the check that a call site's first second derivative through a rule runs."""
     global _checker
@@ -135,11 +172,12 @@ def _advice(instance: GroupInstance) -> str:
     assert instance.call is not None
     module = getattr(instance.call[0], "__module__", "") or ""
     if module.startswith("autograd_groups.ops"):
-        return (f"{instance.name} is a built-in: write the function that uses it so that it is smooth "
-                f"without the rule (a kernel of a distance in the squared distance, e.g. "
-                f"exp(-d2 / (2 * l**2)) with d2 = ((x[:, None] - y[None]) ** 2).sum(-1)), or wrap the "
-                f"whole function in a group of your own with an override whose backward is right "
-                f"there (docs/groups.md, 'Second order through a rule'); check it with "
+        kernel = (" (a kernel of a distance in the squared distance, e.g. exp(-d2 / (2 * l**2)) with "
+                  "d2 = ((x[:, None] - y[None]) ** 2).sum(-1))" if "dist" in instance.name else "")
+        return (f"{instance.name} is a built-in, whose rules are the library's: write the function "
+                f"that uses it so that it is smooth there without the rule{kernel}, or wrap the whole "
+                f"function in a group of your own with an override whose backward is right there "
+                f"(docs/groups.md, 'Second order through a rule'); check it with "
                 f"ag.verify(fn, *args, order=2)")
     return (f"Give group {instance.name!r} an override whose replacement backward is differentiable "
             f"with the right derivative there (docs/groups.md, 'Second order through a rule'), and "

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import torch
 
@@ -21,7 +20,7 @@ from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
 from ..rules.kinds import NanSafe, Subgradient
 from ..sites import levels
-from ..sites.second_order import Verdict
+from ..sites.second_order import Batched, Verdict
 from . import verify
 from .points import point_of
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED
@@ -48,29 +47,12 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
     'consistent'
     """
     assert instance.call is not None
-    fn, args, kwargs = instance.call
-    plain: dict[int, torch.Tensor] = {}
-    wanted: set[int] = set()
-
-    def unwrap(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        found, grad = levels.unwrapped(value)
-        if found is None:
-            raise _Batched
-        plain[id(found)] = found
-        if grad:
-            wanted.add(id(found))
-        return found
-
-    try:
-        call_args = tuple(unwrap(a) for a in args)
-        call_kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-    except _Batched:
+    fn, args, kwargs, wanted = instance.call
+    if any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
         return Verdict(NOT_CHECKED, "the group ran under vmap, on a batch of inputs: check one of "
                                     "them with ag.verify(fn, *args, order=2)")
     with unobserved():
-        point = point_of(autograd_group(instance.name)(fn), call_args, call_kwargs,
+        point = point_of(autograd_group(instance.name)(fn), args, kwargs,
                          lambda t: id(t) in wanted)
         if not point.inputs:
             return Verdict(NOT_CHECKED, "none of its tensor inputs requires grad")
@@ -85,10 +67,6 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
                                      f"{_range(row.low, row.high)} (for a random vector, "
                                      f"ag.verify(order=2))")
     return Verdict(NOT_CHECKED, row.reason)
-
-
-class _Batched(Exception):
-    """An input of the call is a vmap batch."""
 
 
 def _range(low: float | None, high: float | None) -> str:

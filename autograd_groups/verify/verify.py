@@ -145,6 +145,9 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
                     _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
                 rows += own
                 end_to_end += [(f, row) for f, row in zip(fired, own)]
+            elif id(instance) in recorder.batched:
+                rows += [_row(f, order, NOT_CHECKED, "it ran under vmap, on a batch of inputs: check "
+                                                     "one entry with ag.verify(fn, *args)") for f in fired]
             elif recorder.decorated(instance):
                 rows += [_row(f, order, NOT_CHECKED, "its call was not recorded") for f in fired]
             else:
