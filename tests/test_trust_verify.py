@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch.func import jacrev
 
@@ -128,6 +128,9 @@ POINTS = st.lists(st.sampled_from([0.0, 0.0, 0.5, -0.5, 1.3, -2.0, 1e-3]), min_s
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
+@example(ops=["tanh", "cube", "sin"], rule="tanh_wrong", point=[0.0, 0.5, 0.0])
+@example(ops=["sin", "square", "tanh"], rule="sin_right", point=[0.0, -0.5, 0.0])
+@example(ops=["square", "sin", "exp"], rule="sin_wrong", point=[0.0, 1.3, 0.0])
 @given(ops=st.lists(st.sampled_from(sorted(UNARY)), min_size=2, max_size=5),
        rule=st.sampled_from(sorted(RULES)), point=POINTS)
 def test_verify_never_contradicts_an_exact_float64_second_derivative(ops: list[str], rule: str,
