@@ -215,6 +215,31 @@ def site_lines(found: Sequence[GroupReport]) -> list[str]:
     return lines
 
 
+def unchanged_lines(found: Sequence[GroupReport]) -> list[str]:
+    """For a group whose gradients came out non-finite while its NaN-safe rule changed nothing: why
+    the rule could not help, and how to find the op that made the value.
+
+    >>> report = GroupReport("attend", 1, 0, 1, where="nf.py:14", nonfinite=1,
+    ...                      rules=[RuleRow("nan_safe", "nan_safe", 2, 0)])
+    >>> print(unchanged_lines([report])[0][:72])
+    attend at nf.py:14: nan_safe changed no element, yet its input gradients
+    """
+    lines = []
+    for report in found:
+        if report.verdict != NONFINITE:
+            continue
+        for rule in report.rules:
+            if rule.kind == "nan_safe" and rule.calls and not rule.changed and not rule.uncounted:
+                at = f" at {short_where(report.where)}" if report.where else ""
+                lines.append(
+                    f"{report.name}{at}: nan_safe changed no element, yet its input gradients came "
+                    f"out non-finite: NaN-safe zeroes only a 0 times an infinite derivative (0 * inf), "
+                    f"so the non-finite value was made in the forward (a softmax of a row that is all "
+                    f"-inf) or came in with the incoming gradient. Run the forward under "
+                    f"ag.detect_nonfinite() to name the op that made it, and guard that op's input")
+    return lines
+
+
 def unused_lines(unused: Mapping[str, Sequence[str]], registered: Mapping[str, Sequence[Any]]) -> list[str]:
     """One line per name that has rules no group used: they never took effect.
 
