@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import trust_cases as tc
 from torch.func import grad, hessian, jacrev, vmap
 
 import autograd_groups as ag
-import trust_cases as tc
 
 SCRIPT = textwrap.dedent('''
     import torch

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import trust_cases as tc
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch.func import jacrev
 
 import autograd_groups as ag
-import trust_cases as tc
 from autograd_groups.verify.verdict import CONSISTENT, END_TO_END, INCONSISTENT, NOT_CHECKED
 
 F64 = torch.float64
