@@ -161,7 +161,9 @@ class autograd_group:
                 return fn(*args, **kwargs)
             # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
             # which all require grad): what a check of a second derivative re-runs the group on.
-            if not torch.compiler.is_compiling():  # a compiled graph's group is not re-run
+            # For the check of a second derivative through a subgradient or NaN-safe rule (an
+            # override's is its own); a compiled graph's group is not re-run.
+            if (instance.rules.subgradients or instance.rules.nan_safe) and not torch.compiler.is_compiling():
                 instance.call = second_order.remember(fn, *(call or (args, kwargs)))
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs)

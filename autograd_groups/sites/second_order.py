@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from ..errors import SecondOrderWarning
 from ..instance import GroupInstance
@@ -68,21 +69,28 @@ def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     >>> args[0].grad_fn is None, id(args[0]) in wanted
     (True, True)
     """
-    wanted: set[int] = set()
+    wanted: list[int] = []
+    kept = tuple([_keep(a, wanted) for a in args])
+    named = {k: _keep(v, wanted) for k, v in kwargs.items()} if kwargs else kwargs
+    return fn, kept, named, frozenset(wanted)
 
-    def keep(value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
+
+def _keep(value: Any, wanted: list[int]) -> Any:
+    """An argument as a check re-runs it (see :func:`remember`); the id of a tensor that requires
+    grad (at some torch.func level) is added to ``wanted``. On every call of a group with rules:
+    a tensor without wrappers, the usual case, costs one detach."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if is_functorch_wrapped_tensor(value):
         plain, grad = levels.unwrapped(value)
         if plain is None:
             return Batched()
-        plain = plain.detach()
-        if grad:
-            wanted.add(id(plain))
-        return plain
-
-    kept = tuple(keep(a) for a in args)
-    return fn, kept, {k: keep(v) for k, v in kwargs.items()}, frozenset(wanted)
+    else:
+        plain, grad = value, value.requires_grad
+    plain = plain.detach()
+    if grad:
+        wanted.append(id(plain))
+    return plain
 
 
 def set_checker(checker: Checker) -> None:
