@@ -41,8 +41,8 @@ def _cases() -> dict[str, Callable[[], torch.Tensor]]:
     points = torch.randn(16, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
     wide = torch.linspace(-5, 1000, 64, dtype=F64)
     return {
-        "cos of the length of v, v in R^3, jacrev(jacrev)": lambda: jacrev(jacrev(lambda v: torch.cos(length(v))))(
-            torch.zeros(3, dtype=F64)),
+        "cos of the length of v, v in R^3, jacrev(jacrev)": lambda: jacrev(jacrev(
+            lambda v: torch.cos(length(v))))(torch.zeros(3, dtype=F64)),
         "RBF kernel of ops.cdist, 16 x 3 points, hessian": lambda: hessian(
             lambda p: torch.exp(-ag.ops.cdist(p, points) ** 2).sum())(points),
         "NaN-safe softplus, 64 elements, hessian": lambda: hessian(lambda x: softplus(x).sum())(wide),
@@ -74,7 +74,8 @@ def main() -> None:
         run()  # warm-up: first uses, lazy imports
         first = _median(lambda run=run: _first(run), args.repeats)
         again = _median(run, args.repeats)
-        rows.append([name, f"{first * 1e3:.1f} ms", f"{again * 1e3:.1f} ms", f"{(first - again) * 1e3:.1f} ms"])
+        rows.append([name, f"{first * 1e3:.1f} ms", f"{again * 1e3:.1f} ms",
+                     f"{(first - again) * 1e3:.1f} ms"])
     print(markdown_table(["case", "first at a call site", "again", "the check"], rows))
 
     ag.register_rule("bench.double", ag.NanSafe())

@@ -136,6 +136,15 @@ class Recorder:
         with self._lock:
             self.sites.clear()
 
+    def close(self) -> None:
+        """Forget everything, once the check has run: a copied call's function holds its globals,
+        where a script's ``loss`` keeps the graph whose rule sites hold the instances that hold this
+        recorder, a cycle through autograd's graph that the cycle collector cannot see."""
+        self.release()
+        self.calls.clear()
+        self._copied.clear()
+        self.instances.clear()
+
 
 _active: list[Recorder] = []
 _active_lock = threading.Lock()

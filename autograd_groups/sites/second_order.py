@@ -13,8 +13,10 @@ here with :func:`set_checker` when ``autograd_groups`` is imported. The warning 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +42,11 @@ class Verdict:
 #: ``(instance, rule) -> Verdict``: the check (verify/site_check.py), once installed.
 Checker = Callable[[GroupInstance, Any], Verdict]
 _checker: Checker | None = None
-_verdicts: dict[tuple[str, tuple[str, int], str], Verdict] = {}
+#: Per group, call site and rule (by identity: a rule registered again is checked again), the rule
+#: (which keeps its id from being reused) and the verdict of its check.
+_verdicts: dict[tuple[str, tuple[str, int], int], tuple[Any, Verdict]] = {}
 #: Per call site and rule, the backward pass (graph task) that last told of it.
-_told: dict[tuple[str, tuple[str, int], str], int] = {}
+_told: dict[tuple[str, tuple[str, int], int], int] = {}
 #: Per file, the registry that ``warnings`` keeps of what it has shown at each line there.
 _registries: dict[str, dict[Any, Any]] = {}
 _lock = threading.Lock()
@@ -53,26 +57,38 @@ class Batched:
     """Stands for an argument that was a vmap batch: its entries are not one point to check."""
 
 
-#: A call as a check re-runs it: the function, its arguments (tensors as plain, detached values
-#: under their torch.func wrappers, or :class:`Batched`), and the ids of those that require grad.
-Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], frozenset[int]]
+#: A call as a check re-runs it: the function (a weak reference: called, it gives the function or
+#: None), its arguments (tensors as plain, detached values under their torch.func wrappers, or
+#: :class:`Batched`), and the ids of those that require grad.
+Call = tuple[Callable[[], Any], tuple[Any, ...], dict[str, Any], frozenset[int]]
 
 
 def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
     """The call ``fn(*args, **kwargs)`` of a decorator group, for its instance to keep.
 
-    Detached: an argument's ``grad_fn`` can hold the instance (a traced boundary node, an argument
-    the group changes in place), and autograd's graph is a place the cycle collector cannot see.
+    Nothing in it may lead back to the instance through autograd's graph, which the cycle
+    collector cannot see: the arguments are detached (a traced boundary node, an argument the group
+    changes in place, hold the instance), and the function is held weakly (its globals or closure
+    may hold the group's output: ``loss = f(x)`` at a script's top level).
 
     >>> import torch
     >>> fn, args, _, wanted = remember(torch.sin, (torch.ones(2, requires_grad=True) * 2,), {})
-    >>> args[0].grad_fn is None, id(args[0]) in wanted
-    (True, True)
+    >>> fn() is torch.sin, args[0].grad_fn is None, id(args[0]) in wanted
+    (True, True, True)
     """
     wanted: list[int] = []
     kept = tuple([_keep(a, wanted) for a in args])
     named = {k: _keep(v, wanted) for k, v in kwargs.items()} if kwargs else kwargs
-    return fn, kept, named, frozenset(wanted)
+    return _weak(fn), kept, named, frozenset(wanted)
+
+
+def _weak(fn: Callable[..., Any]) -> Callable[[], Any]:
+    if inspect.ismethod(fn):
+        return weakref.WeakMethod(fn)
+    try:
+        return weakref.ref(fn)
+    except TypeError:  # a builtin, which holds no globals of the user's
+        return lambda: fn
 
 
 def _keep(value: Any, wanted: list[int]) -> Any:
@@ -122,11 +138,11 @@ def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: l
     elements = sum(int(levels.anywhere(m).sum()) for m in masks)
     if not elements:
         return
-    key = (instance.name, instance.site, rule.label)
-    verdict = _verdicts.get(key)
-    if verdict is None:
-        verdict = _check(instance, rule)
-        _verdicts[key] = verdict
+    key = (instance.name, instance.site, id(rule))
+    found = _verdicts.get(key)
+    if found is None:
+        found = _verdicts[key] = (rule, _check(instance, rule))
+    verdict = found[1]
     if verdict.status == "consistent":
         return
     # Once per backward pass: the rule's other sites in the instance are the same finding.
@@ -178,7 +194,7 @@ def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elem
 def _advice(instance: GroupInstance) -> str:
     """What the user can do: a built-in's own rules are not theirs to change."""
     assert instance.call is not None
-    module = getattr(instance.call[0], "__module__", "") or ""
+    module = getattr(instance.call[0](), "__module__", "") or ""
     if module.startswith("autograd_groups.ops"):
         kernel = (" (a kernel of a distance in the squared distance, e.g. exp(-d2 / (2 * l**2)) with "
                   "d2 = ((x[:, None] - y[None]) ** 2).sum(-1))" if "dist" in instance.name else "")

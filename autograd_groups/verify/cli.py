@@ -67,7 +67,10 @@ def run_verify(args: argparse.Namespace) -> int:
     with trace() as session, recording(recorder), \
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)
-    report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION)
+    try:
+        report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION)
+    finally:
+        recorder.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

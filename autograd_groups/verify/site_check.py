@@ -47,7 +47,10 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
     'consistent'
     """
     assert instance.call is not None
-    fn, args, kwargs, wanted = instance.call
+    function, args, kwargs, wanted = instance.call
+    fn = function()
+    if fn is None:
+        return Verdict(NOT_CHECKED, "the group's function no longer exists")
     if any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
         return Verdict(NOT_CHECKED, "the group ran under vmap, on a batch of inputs: check one of "
                                     "them with ag.verify(fn, *args, order=2)")

@@ -108,7 +108,10 @@ def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         whole = (f"a `with` block or tag() is checked through the function given to ag.verify, and "
                  f"{_name(fn)} has no floating-point tensor argument to differentiate: pass the "
                  f"tensors it reads as arguments")
-    return check(session.instances, recorder, order, max_instances, whole, user_line())
+    try:
+        return check(session.instances, recorder, order, max_instances, whole, user_line())
+    finally:
+        recorder.close()
 
 
 def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
