@@ -77,19 +77,30 @@ def _grad_transform_backward() -> bool:
     """Whether the backward running now is the one ``torch.func.grad`` (``grad_and_value``) takes of
     the function it transforms, rather than one that code inside the transform started.
 
-    Read from the Python frames of this thread: ``torch.autograd.grad`` called by functorch's
-    ``_autograd_grad`` called by ``grad_and_value_impl``. Where the backward runs on another thread
-    (an accelerator's autograd thread) those frames are not here, and it is not recognised.
+    Read from Python's frames: ``torch.autograd.grad`` called by functorch's ``_autograd_grad``
+    called by ``grad_and_value_impl``. Where the backward runs on another thread than the one that
+    started it (an accelerator's autograd thread), the frames of the threads waiting in a backward
+    are read instead: it is recognised where every one of them is such a backward.
     """
-    frame: Any = sys._getframe(1)
+    own = _launched(sys._getframe(1))
+    if own is not None:
+        return own
+    waiting = [found for frame in sys._current_frames().values()
+               if (found := _launched(frame)) is not None]
+    return bool(waiting) and all(waiting)
+
+
+def _launched(frame: Any) -> bool | None:
+    """Whether the backward that ``frame``'s thread started is ``grad``'s own (None: it started none)."""
     while frame is not None and not (frame.f_code.co_filename.endswith(_AUTOGRAD)
                                      and frame.f_code.co_name in ("grad", "backward")):
         frame = frame.f_back
-    caller = frame.f_back if frame is not None else None
-    if caller is None or not caller.f_code.co_filename.endswith(_TRANSFORMS):
-        return False
-    outer = caller.f_back
-    return (caller.f_code.co_name == "_autograd_grad" and outer is not None
+    if frame is None:
+        return None
+    caller = frame.f_back
+    outer = caller.f_back if caller is not None else None
+    return (caller is not None and caller.f_code.co_filename.endswith(_TRANSFORMS)
+            and caller.f_code.co_name == "_autograd_grad" and outer is not None
             and outer.f_code.co_name == "grad_and_value_impl")
 
 

@@ -40,9 +40,9 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
     >>> import torch, autograd_groups as ag
     >>> with ag.registry_scope():
     ...     _ = ag.register_rule("root", ag.NanSafe())
+    ...     divide = ag.autograd_group("root")(lambda x, y: torch.where(x != 0, y / x, y))
     ...     with ag.trace() as t:
-    ...         _ = ag.autograd_group("root")(lambda x, y: torch.where(x != 0, y / x, y))(
-    ...             torch.zeros(1), torch.ones(1, requires_grad=True))
+    ...         _ = divide(torch.zeros(1), torch.ones(1, requires_grad=True))
     ...     check_site(t.instances[0], t.instances[0].rules.nan_safe).status
     'consistent'
     """
