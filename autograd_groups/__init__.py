@@ -23,11 +23,11 @@ from .instance import GroupInstance
 from .observe.anomaly import detect_nonfinite
 from .observe.counters import reset_stats, stats
 from .observe.tracer import Trace, trace
-from .observe.verdict import Report, Row
-from .observe.verify import verify
 from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient
 from .rules.registry import list_rules, register_rule, registry_scope, special_case, unregister_rule
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
+from .verify.verdict import Report, Row
+from .verify.verify import verify
 
 __all__ = [
     "ExpressionError", "GroupError", "GroupInstance", "NanSafe", "Override", "OverrideContext",

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from . import __version__
-from .observe import cli as observe_cli
 from .spec import cli as spec_cli
+from .verify import cli as verify_cli
 from .viz import cli as viz_cli
 
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)
     viz_cli.register(commands)
-    observe_cli.register(commands)
+    verify_cli.register(commands)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown = " ".join(extra)

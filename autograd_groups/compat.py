@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 from torch._C import _functorch
-from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+from torch._functorch.pyfunctorch import (
+    retrieve_all_functorch_interpreters,
+    temporarily_clear_interpreter_stack,
+)
 
 from .errors import UnsupportedRelease
 
@@ -30,7 +33,7 @@ __all__ = [
     "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim", "maybe_get_level",
     "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks", "push_saved_tensors_hooks",
     "retrieve_all_functorch_interpreters", "sequence_nr", "stash_in_engine_tls", "stashed_in_engine_tls",
-    "top_saved_tensors_hooks", "unstash_from_engine_tls",
+    "temporarily_clear_interpreter_stack", "top_saved_tensors_hooks", "unstash_from_engine_tls",
 ]
 
 

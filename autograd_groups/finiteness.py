@@ -5,8 +5,11 @@ No value is read (no host sync, on any device): only node classes, their edges a
 autograd keeps on a node (``x / 6``'s divisor, ``x ** 2``'s exponent, ``add``'s ``alpha``), which
 live on the host. What it assumes (docs/groups.md, "Where the hooks go"):
 
-- the group's inputs are finite, and so are the tensors and numbers its ops use that need no
-  gradient (constants, masks, a ``where``'s or ``masked_fill``'s fill value);
+- the group's inputs are finite, and so are the tensors and numbers its linear ops and selects use
+  that need no gradient (masks, a ``where``'s or ``masked_fill``'s fill value, stacked zeros). A
+  product's factor that needs no gradient is not assumed finite (a value made inside the group
+  without autograd, ``log`` of an input that needs none, can be ``-inf``): the product is hooked,
+  and on the CPU its values are read;
 - sums, products and integer powers of finite values do not overflow; ``exp`` can (``exp(89)`` is
   ``inf`` in float32), so its result counts as possibly infinite.
 
@@ -269,6 +272,12 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
     def is_finite(e: Edge) -> bool:
         return e is None or e[0] < 0 or finite[e[0]]
 
+    def is_finite_factor(e: Edge) -> bool:
+        # A factor that needs no gradient has no node to tell what made it: a constant, or a value
+        # made inside the group without autograd (``log`` of an input that needs none, which is
+        # -inf at 0). Not assumed: the product is hooked, and on the CPU its values are read.
+        return e is not None and (e[0] < 0 or finite[e[0]])
+
     def is_nonnegative(e: Edge) -> bool:
         return e is not None and e[0] >= 0 and nonnegative[e[0]]
 
@@ -294,7 +303,7 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
             continue
         uses = _PRODUCTS.get(name, (("self",),))
         unsafe = {n for names in uses for n in names if not (
-            finite[i] if n == "result" else _INPUT[n] >= len(inputs) or is_finite(inputs[_INPUT[n]]))}
+            finite[i] if n == "result" else _INPUT[n] >= len(inputs) or is_finite_factor(inputs[_INPUT[n]]))}
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])
                        if inputs[j] is not None and unsafe.intersection(names))
         if zeroed:

@@ -36,7 +36,7 @@ class GroupInstance:
     # Slots: an instance is made on every call of a group, on its hot path.
     __slots__ = ("name", "watched", "rules", "enabled", "parent", "id", "graph", "inputs", "outputs", "hits",
                  "session", "recorder", "nested", "merged_into", "site", "_task", "hooks_pushed",
-                 "nonfinite_task", "transposed", "linear_levels", "forward_check", "_start")
+                 "nonfinite_task", "transposed", "linear_levels", "forward_check", "_start", "call")
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
                  session: Session | None, where: tuple[str, int], watched: bool, transposed: bool,
@@ -75,6 +75,10 @@ class GroupInstance:
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = compat.sequence_nr()
+        #: A decorator group's call, detached (``sites.second_order.remember``), so that a second
+        #: derivative through a rule can be checked on the group's own inputs; None for a ``with``
+        #: block or ``tag``, which cannot be re-run.
+        self.call: tuple[Any, tuple[Any, ...], dict[str, Any], frozenset[int]] | None = None
 
     @property
     def where(self) -> str:

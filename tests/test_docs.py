@@ -8,6 +8,7 @@ local files (and the headings they name) and the mkdocs navigation are checked t
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,16 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__main__"}
     try:
-        with ag.registry_scope():
+        with ag.registry_scope(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             for line, code in blocks:
                 # Padding with newlines makes tracebacks point at the line in the Markdown file.
                 exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+        # A library warning a reader would see must be one the page shows them, in an output block.
+        shown = "".join(code for language, _, code in fenced_blocks(page.read_text()) if language == "text")
+        unshown = {f"{w.category.__name__}: {w.message}" for w in caught
+                   if issubclass(w.category, ag.RuleWarning) and w.category.__name__ not in shown}
+        assert not unshown, unshown
     finally:
         # A page that compiles leaves its group instances in Dynamo's cache, which the leak checks
         # of tests/test_memory.py would count if they ran next on this worker.

@@ -5,6 +5,7 @@ docs/groups.md ("Where the hooks go") held and broken."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -161,13 +162,30 @@ def test_assumed_finite_group_inputs() -> None:
         assert _zero_gradient_of_y(torch.mul, torch.tensor([INF]), reads).isnan().all()
 
 
-def test_assumed_finite_constants() -> None:
+def test_a_factor_that_needs_no_gradient_is_not_assumed_finite() -> None:
+    """A product's factor made without autograd (a constant, or ``log`` of a value that needs no
+    gradient) has no node to tell what made it: the product is hooked, so even an infinite one
+    gives the rule's 0, with the CPU's reads on and off (what a GPU runs)."""
     def by_constant(value: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         return lambda a, b: b * torch.full_like(a, value)  # a constant: it needs no gradient
 
-    assert torch.equal(_zero_gradient_of_y(by_constant(3.0), torch.tensor([2.0]), False), torch.zeros(1))
-    for reads in (False, True):  # broken: an infinite constant
-        assert _zero_gradient_of_y(by_constant(INF), torch.tensor([2.0]), reads).isnan().all()
+    for reads in (False, True):
+        assert torch.equal(_zero_gradient_of_y(by_constant(3.0), torch.tensor([2.0]), reads), torch.zeros(1))
+        assert torch.equal(_zero_gradient_of_y(by_constant(INF), torch.tensor([2.0]), reads), torch.zeros(1))
+
+
+def test_exp_of_y_log_x_in_y_at_a_constant_zero_x() -> None:
+    """``exp(y · log x)`` in ``y`` with ``x = 0`` needing no gradient: ``log x = -inf`` is made
+    without autograd, and the rule's gradient 0 (exact: ``0 ** y = 0``) holds with reads on and off."""
+    ag.register_rule("fin.pow", ag.NanSafe())
+    power = ag.autograd_group("fin.pow")(lambda x, y: torch.exp(y * torch.log(x)))
+    for reads in (False, True):
+        y = torch.tensor([1.0, 2.0], requires_grad=True)
+        with contextlib.ExitStack() as stack:
+            if not reads:
+                stack.enter_context(host_reads.off())
+            (grad,) = torch.autograd.grad(power(torch.zeros(2), y).sum(), y)
+        assert torch.equal(grad, torch.zeros(2))
 
 
 def test_assumed_no_overflow_in_a_product_but_in_exp() -> None:

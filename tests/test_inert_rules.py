@@ -128,3 +128,17 @@ def test_a_constant_grad_other_than_zero_is_refused_with_the_fix(grad: object) -
 def test_a_local_derivative_written_as_a_factor_of_grad_is_a_rule() -> None:
     for grad in (0, 0.0, "0", "grad * 0.5", "0.5 * grad", lambda grad: grad * 0.5):
         ag.Subgradient(op="sqrt", when="result == 0", grad=grad)
+
+
+def test_a_tag_chain_whose_op_is_tagged_later_is_not_accused_and_a_group_without_it_is() -> None:
+    """docs/groups.md's tag example: its first tag marks a pow, its third the sqrt the rule names."""
+    ag.register_rule("inert.tagged", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    x = torch.zeros(2, 3, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ag.RuleWarning)
+        s = ag.tag(x.pow(2), "inert.tagged")
+        s = ag.tag(s.sum(-1), "inert.tagged")
+        ag.tag(s.sqrt(), "inert.tagged").sum().backward()
+    assert torch.equal(x.grad, torch.zeros(2, 3))
+    with pytest.warns(ag.InertRuleWarning, match="no node of this instance is a sqrt"):
+        ag.autograd_group("inert.tagged")(lambda v: v.pow(2).sum(-1).pow(0.5))(x)

@@ -58,3 +58,13 @@ def test_rule_sites_stand_below_the_groups() -> None:
     upward = [(a, b) for a, b in graph.edges if a.startswith("autograd_groups.sites.")
               and b.startswith("autograd_groups.groups")]
     assert upward == []
+
+
+def test_verify_stands_above_the_rest() -> None:
+    """``verify/`` (``ag.verify`` and its command) re-runs groups and reads what ``observe/`` recorded:
+    nothing below it (``groups/``, ``sites/``, ``observe/``, ``rules/``, the root's modules) imports it."""
+    graph = import_graph()
+    top = ("autograd_groups", "autograd_groups.cli")
+    upward = [(a, b) for a, b in graph.edges if b.startswith("autograd_groups.verify")
+              and not a.startswith("autograd_groups.verify") and a not in top]
+    assert upward == []

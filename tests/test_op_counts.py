@@ -36,7 +36,8 @@ def test_rodrigues_dispatches_at_most_10_ops_more_than_the_double_where(bench, b
     assert hand.hooks == 0
     # The root, the two divisions by the angle, the two products by a where of them.
     assert off.hooks == 5
-    assert off.ops - hand.ops <= 10 and off.views == hand.views
+    # One view more: the group's call is kept detached for a second-order check (sites/second_order.py).
+    assert off.ops - hand.ops <= 10 and off.views == hand.views + 1
     on = op_counts.count(grouped["rodrigues"], x, reads=True)
     # The CPU's read clears the two products where their saved values are small enough to read.
     assert on.hooks == (3 if batch == 64 else 5)
@@ -56,7 +57,8 @@ def test_slerp_with_nested_built_ins_hooks_only_its_own_quotients_and_products(b
     module, op_counts, grouped = bench
     p0, p1, t = module.endpoints(64)
     nested = op_counts.count(lambda x: grouped["slerp"](x, p1, t), p0, reads=False)
-    # vector_norm's sqrt rule (its own), the two quotients by sin(omega), the product a * p0 (p1
-    # needs no gradient here): none at the nested groups' nodes for the enclosing one.
-    assert nested.hooks == 4
+    # vector_norm's sqrt rule (its own), the two quotients by sin(omega), the product a * p0, and
+    # the products by factors that need no gradient here (p1, t: made without autograd, so not
+    # assumed finite): none at the nested groups' nodes for the enclosing one.
+    assert nested.hooks == 9
 

@@ -21,3 +21,12 @@ def test_the_built_in_spec_loads_at_the_first_use_of_ops_not_at_import() -> None
             "assert 'ops.cdist' in ag.list_rules()\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_importing_the_package_imports_nothing_of_torch_or_numpy_that_torch_does_not() -> None:
+    """torch.export (and through it NumPy, not a dependency, whose absence torch reports on stderr)
+    is imported where it is used, never by ``import autograd_groups`` itself."""
+    code = ("import sys, torch; before = set(sys.modules); import autograd_groups; "
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('torch', 'numpy')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]" and done.stderr == "", done.stderr

@@ -15,8 +15,8 @@ import torch
 import autograd_groups as ag
 from autograd_groups.errors import GroupError
 from autograd_groups.instance import GroupInstance
-from autograd_groups.observe import limits, points
 from autograd_groups.sites.hooks import SiteHook
+from autograd_groups.verify import limits, points
 from conftest import assert_fits
 
 

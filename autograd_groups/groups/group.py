@@ -17,7 +17,7 @@ from ..errors import GroupError
 from ..instance import GroupInstance
 from ..rules import registry
 from ..rules.kinds import OverrideContext
-from ..sites import tangents
+from ..sites import second_order, tangents
 from ..sites.levels import graph_roots
 from . import compiled
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
@@ -155,10 +155,16 @@ class autograd_group:
         defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
-                override: bool = True) -> Any:
+                override: bool = True, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:
             instance = open_instance(name, enabled, where)
             if instance is None:
                 return fn(*args, **kwargs)
+            # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
+            # which all require grad): what a check of a second derivative re-runs the group on.
+            # For the check of a second derivative through a subgradient or NaN-safe rule (an
+            # override's is its own); a compiled graph's group is not re-run.
+            if (instance.rules.subgradients or instance.rules.nan_safe) and not torch.compiler.is_compiling():
+                instance.call = second_order.remember(fn, *(call or (args, kwargs)))
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs)
             if instance.rules.override is not None and override:
@@ -200,7 +206,8 @@ class autograd_group:
                 if tangents.wanted(args, kwargs, override is not None):
                     where = caller(2)
                     return tangents.run(name, where, fn,
-                                        lambda a, k: run(a, k, enabled, where, override=False), args,
+                                        lambda a, k: run(a, k, enabled, where, override=False,
+                                                         call=(args, kwargs)), args,
                                         kwargs, override, context)
             return run(args, kwargs, enabled, caller(2))
 

@@ -282,7 +282,8 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
-    if rules.subgradients and members and not sited:
+    # A tag marks one op at a time: the op a rule names may be tagged later, into the same chain.
+    if rules.subgradients and members and not sited and not tagged:
         _warn_absent_ops(instance, members)
 
 

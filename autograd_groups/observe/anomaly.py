@@ -82,6 +82,22 @@ def detect_nonfinite(forward: bool = True) -> Iterator[None]:
             _forward_depth -= forward
 
 
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside the block, ``detect_nonfinite()`` checks nothing: ``ag.verify`` samples the plain
+    composite near special points on purpose, where it is not finite."""
+    global _depth, _forward_depth
+    with _lock:
+        depth, forward = _depth, _forward_depth
+        _depth = _forward_depth = 0
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth += depth
+            _forward_depth += forward
+
+
 def _finite(grad: torch.Tensor | None) -> bool:
     return grad is None or bool(torch.isfinite(grad).all())
 
@@ -108,7 +124,10 @@ class NonFiniteCheck:
         named = f"instance {inst.id}, " if inst.id != inst.name else ""
         if _zero_where_bad(grad, grad_outputs):
             fix = (f"The gradient it received is 0 there (0 * inf: a branch a where does not take, a "
-                   f"masked element): ag.register_rule({inst.name!r}, ag.NanSafe()) passes 0 on")
+                   f"masked element): ag.register_rule({inst.name!r}, ag.NanSafe()) passes 0 on; where "
+                   f"the point is one the op itself has no derivative at, give it the value there "
+                   f"instead, e.g. ag.register_rule({inst.name!r}, ag.Subgradient(op={self.op!r}, "
+                   f"when=..., grad=0))")
         else:
             fix = (f"Give the group a rule for that point, e.g. ag.register_rule({inst.name!r}, "
                    f"ag.Subgradient(op={self.op!r}, when=..., grad=0)), or ag.register_rule("

@@ -31,6 +31,8 @@ class _RuleCounter:
     calls: int = 0
     firings: int | torch.Tensor = 0
     elements: int | torch.Tensor = 0
+    #: Calls whose elements could not be counted: their masks were vmap batches.
+    uncounted: int = 0
 
 
 @dataclass
@@ -87,7 +89,8 @@ def note_backward(instance: GroupInstance) -> None:
         count_backward(instance.name, instance.site)
 
 
-def count_site(instance: GroupInstance, rules: Sequence[Rule], elements: Sequence[int] | None = None) -> None:
+def count_site(instance: GroupInstance, rules: Sequence[Rule],
+               elements: Sequence[int | None] | None = None) -> None:
     """One run of a rule site of ``instance``: the backward pass running now, once per pass, and
     one call of each of ``rules``, with the ``elements`` each changed where counted, under one lock
     (a site runs at every backward of every call)."""
@@ -100,8 +103,13 @@ def count_site(instance: GroupInstance, rules: Sequence[Rule], elements: Sequenc
             if found is None:
                 found = counter.rules[rule.label] = _RuleCounter(rule.kind)
             found.calls += 1
-            if elements is not None:
-                found.elements += elements[k]
+            if elements is None:
+                continue
+            n = elements[k]
+            if n is None:
+                found.uncounted += 1
+            else:
+                found.elements += n
 
 
 def count_nonfinite(name: str, site: Site) -> None:
@@ -132,7 +140,7 @@ def _counts(counter: _SiteCounter) -> dict[str, Any]:
     return {"instances": counter.instances, "instances_off": counter.instances_off,
             "backward_passes": counter.backward_passes, "nonfinite_gradients": counter.nonfinite,
             "rules": {label: {"kind": r.kind, "calls": r.calls, "firings": int(r.firings),
-                              "elements": int(r.elements)}
+                              "elements": int(r.elements), "uncounted": r.uncounted}
                       for label, r in counter.rules.items()}}
 
 
@@ -148,6 +156,7 @@ def _total(counters: list[_SiteCounter]) -> _SiteCounter:
             into.calls += rule.calls
             into.firings += rule.firings
             into.elements += rule.elements
+            into.uncounted += rule.uncounted
     return total
 
 
@@ -157,7 +166,9 @@ def stats() -> dict[str, dict[str, Any]]:
     traced), whether it ran inside torch.compile'd code (``compiled``: its instances, passes and
     rule calls there are not counted), whether any rule is ``registered`` under its name now (False
     for a group with no rules registered, such as a misspelled name), per rule its kind, calls,
-    firings (override) and elements changed (subgradient, nan_safe; counted while traced), and
+    firings (override) and elements changed (subgradient, nan_safe; counted while traced), the
+    calls whose elements could not be counted (``uncounted``: under ``vmap``, a rule's mask is a
+    batch), and
     ``sites``: the same counts per line of code (``file:line``) that created its instances.
 
     >>> import autograd_groups as ag

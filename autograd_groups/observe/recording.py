@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .. import compat
+from ..sites import levels
 
 
 @dataclass
@@ -43,9 +44,19 @@ class Site:
 
 
 def _copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone().requires_grad_(value.requires_grad)
-    return value
+    """A copy of an argument: a tensor's plain value under its torch.func wrappers, requiring grad
+    where it does at some level (made outside the transforms, which refuse ``requires_grad_``)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    plain, wanted = levels.unwrapped(value)
+    if plain is None:
+        raise _Batched
+    with levels.outside_transforms():
+        return plain.detach().clone().requires_grad_(wanted)
+
+
+class _Batched(Exception):
+    """An argument is a vmap batch: the call is no one point to check."""
 
 
 class Recorder:
@@ -66,6 +77,8 @@ class Recorder:
         self.sites: dict[tuple[int, str], list[Site]] = {}
         self._copied: dict[str, list[Any]] = {}
         self._decorated: set[int] = set()
+        #: The decorator groups' instances called on vmap batches, which are not copied.
+        self.batched: set[int] = set()
         self._lock = threading.Lock()
         self._stopped = False
 
@@ -77,8 +90,11 @@ class Recorder:
         self._decorated.add(id(instance))
         if not self._room(instance):
             return
-        self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
-                                        {k: _copy(v) for k, v in kwargs.items()})
+        try:
+            self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
+                                            {k: _copy(v) for k, v in kwargs.items()})
+        except _Batched:
+            self.batched.add(id(instance))
 
     def _room(self, instance: Any) -> bool:
         """Whether this call is worth copying: one of the instance's rules has fired in fewer than
@@ -87,7 +103,7 @@ class Recorder:
         copied = self._copied.setdefault(instance.name, [])
         for earlier in [i for i in copied if i.reached and not any(i.hits.values())]:
             copied.remove(earlier)
-            del self.calls[id(earlier)]
+            self.calls.pop(id(earlier), None)
         fired = [sum(bool(i.hits.get(rule.label)) for i in copied) for rule in instance.rules.rules]
         if not any(count < self.copies for count in fired):
             return False
@@ -120,6 +136,15 @@ class Recorder:
         """Forget the sites and their autograd nodes, once they have served."""
         with self._lock:
             self.sites.clear()
+
+    def close(self) -> None:
+        """Forget everything, once the check has run: a copied call's function holds its globals,
+        where a script's ``loss`` keeps the graph whose rule sites hold the instances that hold this
+        recorder, a cycle through autograd's graph that the cycle collector cannot see."""
+        self.release()
+        self.calls.clear()
+        self._copied.clear()
+        self.instances.clear()
 
 
 _active: list[Recorder] = []

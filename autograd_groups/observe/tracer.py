@@ -106,7 +106,7 @@ class Trace:
         return mimebundle(self.instances)
 
 
-_sessions: list[Trace] = []
+_sessions: list[Trace | None] = []  # None: a hidden() block, which no session sees
 _sessions_lock = threading.Lock()
 
 
@@ -142,6 +142,29 @@ def trace() -> Iterator[Trace]:
         # freed by reference counting, not left to the cycle collector.
         for instance in session.instances:
             instance.session = None
+
+
+@contextlib.contextmanager
+def hidden() -> Iterator[None]:
+    """Inside the block, no open trace session records the instances created (``ag.verify``'s and
+    the second-order check's own runs of a group are not the user's: ``viz`` and ``stats`` under
+    the command line show the script's instances only).
+
+    >>> import torch, autograd_groups as ag
+    >>> double = ag.autograd_group("double")(lambda x: x * 2)
+    >>> with ag.trace() as t:
+    ...     with hidden():
+    ...         _ = double(torch.ones(2, requires_grad=True))
+    >>> t.instances
+    []
+    """
+    with _sessions_lock:
+        _sessions.append(None)
+    try:
+        yield
+    finally:
+        with _sessions_lock:
+            _sessions.remove(None)
 
 
 def leaf_tensor(node: Any) -> torch.Tensor | None:

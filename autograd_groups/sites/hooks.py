@@ -8,22 +8,19 @@ tensor is saved and no autograd node is added.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import CheckpointError
 
 from .. import compat, flag, host_reads, nodes
-from ..errors import RuleError, SecondOrderWarning
-from ..frames import warn
+from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import passes_zeros
-from . import levels, saved
+from . import levels, saved, second_order
 
 Grads = list[torch.Tensor | None]
 
@@ -295,6 +292,12 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     return changed
 
 
+def _counted(masks: list[torch.Tensor]) -> int | None:
+    """The elements ``masks`` set, or None where one is a vmap batch."""
+    plain = [levels.unwrapped(m)[0] for m in masks]
+    return None if any(m is None for m in plain) else sum(int(m.sum()) for m in plain if m is not None)
+
+
 def _may_look(grad: torch.Tensor) -> bool:
     """Whether a hook of a plain backward may zero gradients like ``grad`` the CPU's way (the bits
     times a bool mask, cheapest there): a CPU tensor with storage, host reads on."""
@@ -336,46 +339,6 @@ def capture(node: Any, rules: tuple[Subgradient, ...]) -> dict[str, torch.Tensor
         # A value this node class does not save (said at backward), or one a backward inside a
         # ``with`` group has freed already: the backward has nothing to read in either case.
         return {}
-
-
-_warned: set[tuple[str, str]] = set()  # (group, rule label) told of a second derivative through it
-
-
-@contextlib.contextmanager
-def second_order_untold() -> Iterator[None]:
-    """Neither show nor count, inside the block, the second-order warnings (``ag.verify``'s own
-    runs take second derivatives through rules on purpose; the user is still told at theirs)."""
-    told = set(_warned)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SecondOrderWarning)
-        try:
-            yield
-        finally:
-            _warned.clear()
-            _warned.update(told)
-
-
-def _warn_second_order(site: SiteHook, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
-    """Warn, once per group and rule, that a second derivative flows through elements where
-    ``rule`` fired: there it is the rule's own derivative, which no one has checked."""
-    key = (site.instance.name, rule.label)
-    if key in _warned:
-        return
-    elements = sum(int(levels.anywhere(m).sum()) for m in masks)
-    if not elements:
-        return
-    _warned.add(key)
-    own = ("0, since NaN-safe passes exactly 0 there" if isinstance(rule, NanSafe)
-           else "0, since its grad is a constant" if rule.constant is not None
-           else "the derivative of its grad expression")
-    warn(
-        f"group {site.instance.name!r} (created at {site.instance.where}), rule {rule.label}, at op "
-        f"{site.op}: a second derivative flows through {elements} element(s) where the rule fired, "
-        f"and there it is the rule's own derivative ({own}), not the function's. Where the function "
-        f"is smooth at those points (cos(|v|) at v = 0), that is wrong: give the group an override "
-        f"whose replacement backward is differentiable with the right derivative there (docs/groups.md, "
-        f"'Second order through a rule'), and check the rule with ag.verify(fn, *args, order=2)",
-        SecondOrderWarning)
 
 
 class SiteHook:
@@ -460,12 +423,12 @@ class SiteHook:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                _warn_second_order(self, rule, [mask])
+                second_order.tell(instance, self.op, rule, [mask])
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                _warn_second_order(self, self.nan_safe, masks)
+                second_order.tell(instance, self.op, self.nan_safe, masks)
         if counted:
             self._count(ran, traced)
         return tuple(grads)
@@ -477,9 +440,12 @@ class SiteHook:
         if not traced:
             counters.count_site(instance, self.rules)
             return
-        elements = [sum(int(m.sum()) for m in masks) for _, masks in ran]
+        # Under vmap a mask is a batch, whose elements per entry are not there to count: the
+        # counters say so, and the trace records where the rule fired for some entry of it.
+        elements = [_counted(masks) for _, masks in ran]
         counters.count_site(instance, self.rules, elements)
         for (rule, masks), n in zip(ran, elements):
-            instance.record_hit(self.vertex, rule.label, n)
+            instance.record_hit(self.vertex, rule.label,
+                                sum(int(levels.anywhere(m).sum()) for m in masks) if n is None else n)
             if instance.recorder is not None:
                 instance.recorder.changed(instance, rule, masks)

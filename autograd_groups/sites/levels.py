@@ -10,6 +10,10 @@ will differentiate it.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,6 +27,7 @@ from ..compat import (
     maybe_get_level,
     peek_interpreter_stack,
     retrieve_all_functorch_interpreters,
+    temporarily_clear_interpreter_stack,
 )
 
 PLAIN = -1
@@ -55,7 +60,47 @@ def differentiating_levels() -> list[int]:
     """
     if peek_interpreter_stack() is None:
         return [PLAIN]
-    return [PLAIN, *_grad_levels(retrieve_all_functorch_interpreters())]
+    levels = _grad_levels(retrieve_all_functorch_interpreters())
+    if levels and _grad_transform_backward():
+        # ``torch.func.grad``'s own backward: it runs inside its level with ``create_graph`` only
+        # so that an outer transform can differentiate it; its level ends right after.
+        levels = levels[:-1]
+    return [PLAIN, *levels]
+
+
+_AUTOGRAD = os.path.join("torch", "autograd", "__init__.py")
+_TRANSFORMS = os.path.join("torch", "_functorch", "eager_transforms.py")
+
+
+def _grad_transform_backward() -> bool:
+    """Whether the backward running now is the one ``torch.func.grad`` (``grad_and_value``) takes of
+    the function it transforms, rather than one that code inside the transform started.
+
+    Read from Python's frames: ``torch.autograd.grad`` called by functorch's ``_autograd_grad``
+    called by ``grad_and_value_impl``. Where the backward runs on another thread than the one that
+    started it (an accelerator's autograd thread), the frames of the threads waiting in a backward
+    are read instead: it is recognised where every one of them is such a backward.
+    """
+    own = _launched(sys._getframe(1))
+    if own is not None:
+        return own
+    waiting = [found for frame in sys._current_frames().values()
+               if (found := _launched(frame)) is not None]
+    return bool(waiting) and all(waiting)
+
+
+def _launched(frame: Any) -> bool | None:
+    """Whether the backward that ``frame``'s thread started is ``grad``'s own (None: it started none)."""
+    while frame is not None and not (frame.f_code.co_filename.endswith(_AUTOGRAD)
+                                     and frame.f_code.co_name in ("grad", "backward")):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    caller = frame.f_back
+    outer = caller.f_back if caller is not None else None
+    return (caller is not None and caller.f_code.co_filename.endswith(_TRANSFORMS)
+            and caller.f_code.co_name == "_autograd_grad" and outer is not None
+            and outer.f_code.co_name == "grad_and_value_impl")
 
 
 def differentiated(value: torch.Tensor, besides: frozenset[int] = frozenset()) -> bool:
@@ -98,5 +143,44 @@ def at_level(value: Any, level: int) -> torch.Tensor | None:
     return value if found == level else None
 
 
+@contextlib.contextmanager
+def outside_transforms() -> Iterator[None]:
+    """Run the block as if no torch.func transform were active (a check that re-runs a group on
+    plain copies of its inputs, from inside a transformed backward).
+
+    >>> import torch
+    >>> def f(x):
+    ...     with outside_transforms():
+    ...         assert peek_interpreter_stack() is None
+    ...     return x.sum()
+    >>> torch.func.grad(f)(torch.ones(2))
+    tensor([1., 1.])
+    """
+    if peek_interpreter_stack() is None:
+        yield
+        return
+    with temporarily_clear_interpreter_stack():
+        yield
+
+
 def _grad_levels(interpreters: list[Any]) -> list[int]:
     return [i.level() for i in interpreters if i.key() == TransformType.Grad]
+
+
+def unwrapped(value: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
+    """``value`` without its torch.func wrappers, and whether it requires grad at some level; None
+    for the tensor where a wrapper is a vmap batch (its entries are not one value).
+
+    >>> import torch
+    >>> seen = []
+    >>> _ = torch.func.grad(lambda x: seen.append(unwrapped(x)) or x.sum())(torch.ones(2))
+    >>> seen[0][0].requires_grad, seen[0][1]
+    (False, True)
+    """
+    wanted = value.requires_grad
+    while is_functorch_wrapped_tensor(value):
+        if is_batchedtensor(value):
+            return None, wanted
+        value = get_unwrapped(value)
+        wanted = wanted or value.requires_grad
+    return value, wanted

@@ -188,6 +188,8 @@ def _report(as_json: bool) -> None:
             console.print(rules)
         for meaning in stats.legend(found):
             console.print(meaning, markup=False, highlight=False)
+        for text in stats.unchanged_lines(found):
+            console.print(text, markup=False, highlight=False)
     for text in stats.unused_lines(unused, registered):
         console.print(text, markup=False, highlight=False)
     off = stats.off_line(found)

@@ -23,6 +23,7 @@ NO_RULES = "no rules registered"
 OFF = "was off"
 NOT_RUN = "no backward"
 COMPILED = "unknown: compiled"
+UNCOUNTED = "unknown: under vmap"
 LEGEND = {
     KEEP: "its rules changed gradients: it reaches special points",
     NONFINITE: "its input gradients came out NaN or infinite with its rules on: its rules did not fix "
@@ -32,6 +33,8 @@ LEGEND = {
     OFF: "every instance was created with special cases off",
     NOT_RUN: "no backward pass reached its rule sites",
     COMPILED: "it ran inside torch.compile'd code, where its rules' hits are not counted",
+    UNCOUNTED: "its rules ran under vmap, where the elements they changed are a batch and are not "
+               "counted",
 }
 
 
@@ -43,6 +46,7 @@ class RuleRow:
     kind: str
     calls: int
     changed: int
+    uncounted: int = 0
 
 
 @dataclass
@@ -71,6 +75,8 @@ class GroupReport:
             return KEEP
         if self.compiled:
             return COMPILED
+        if any(r.uncounted for r in self.rules):
+            return UNCOUNTED
         return SAFE if any(r.calls for r in self.rules) else NOT_RUN
 
 
@@ -93,7 +99,8 @@ def reports(counts: Mapping[str, Mapping[str, Any]],
                                  nonfinite=site.get("nonfinite_gradients", 0))
             for label, rule in site.get("rules", {}).items():
                 changed = rule["firings"] if rule["kind"] == "override" else rule["elements"]
-                report.rules.append(RuleRow(label, rule["kind"], rule["calls"], changed))
+                report.rules.append(RuleRow(label, rule["kind"], rule["calls"], changed,
+                                            rule.get("uncounted", 0)))
             seen = {r.label for r in report.rules}
             report.rules += [RuleRow(r.label, r.kind, 0, 0) for r in registered.get(name, ())
                              if r.label not in seen]
@@ -146,7 +153,8 @@ def rule_table(found: Sequence[GroupReport]) -> Table | None:
     for report in (r for r in found if r.rules):
         out.add_row(_title(report), "", "")
         for k, rule in enumerate(report.rules):
-            out.add_row(Padding(Text(rule.label), (0, 0, 0, 2)), str(rule.calls), str(rule.changed),
+            out.add_row(Padding(Text(rule.label), (0, 0, 0, 2)), str(rule.calls),
+                        str(rule.changed) + (f" + ? ({rule.uncounted} under vmap)" if rule.uncounted else ""),
                         end_section=k == len(report.rules) - 1)
     return out
 
@@ -155,7 +163,8 @@ def to_json(found: Sequence[GroupReport], unused: Mapping[str, Sequence[str]] | 
             ) -> dict[str, Any]:
     """``stats --json``: the tables' content. ``groups``: per group and line of code, ``name``,
     ``where``, ``instances``, ``instances_off``, ``backward_passes``, ``nonfinite_gradients``,
-    ``compiled``, ``verdict`` and ``rules`` (per rule ``label``, ``kind``, ``calls``, ``changed``);
+    ``compiled``, ``verdict`` and ``rules`` (per rule ``label``, ``kind``, ``calls``, ``changed``,
+    ``uncounted``: calls under vmap whose elements were not counted);
     ``can_be_off``: the groups whose special cases can be turned off everywhere; ``unused_rules``:
     names with rules that no group used, each with the group names close to it.
 
@@ -168,7 +177,7 @@ def to_json(found: Sequence[GroupReport], unused: Mapping[str, Sequence[str]] | 
                     "instances_off": r.instances_off, "backward_passes": r.backward_passes,
                     "nonfinite_gradients": r.nonfinite, "compiled": r.compiled, "verdict": r.verdict,
                     "rules": [{"label": rule.label, "kind": rule.kind, "calls": rule.calls,
-                               "changed": rule.changed} for rule in r.rules]}
+                               "changed": rule.changed, "uncounted": rule.uncounted} for rule in r.rules]}
                    for r in found],
         "can_be_off": _can_be_off(found),
         "unused_rules": {name: list(close) for name, close in (unused or {}).items()},
@@ -203,6 +212,31 @@ def site_lines(found: Sequence[GroupReport]) -> list[str]:
             lines.append(f"{report.name} never reached a special point at {short_where(report.where)}; "
                          f"that call alone may run under\n  with ag.special_cases(False, "
                          f"groups={json.dumps([report.name])}):")
+    return lines
+
+
+def unchanged_lines(found: Sequence[GroupReport]) -> list[str]:
+    """For a group whose gradients came out non-finite while its NaN-safe rule changed nothing: why
+    the rule could not help, and how to find the op that made the value.
+
+    >>> report = GroupReport("attend", 1, 0, 1, where="nf.py:14", nonfinite=1,
+    ...                      rules=[RuleRow("nan_safe", "nan_safe", 2, 0)])
+    >>> print(unchanged_lines([report])[0][:72])
+    attend at nf.py:14: nan_safe changed no element, yet its input gradients
+    """
+    lines = []
+    for report in found:
+        if report.verdict != NONFINITE:
+            continue
+        for rule in report.rules:
+            if rule.kind == "nan_safe" and rule.calls and not rule.changed and not rule.uncounted:
+                at = f" at {short_where(report.where)}" if report.where else ""
+                lines.append(
+                    f"{report.name}{at}: nan_safe changed no element, yet its input gradients came "
+                    f"out non-finite: NaN-safe zeroes only a 0 times an infinite derivative (0 * inf), "
+                    f"so the non-finite value was made in the forward (a softmax of a row that is all "
+                    f"-inf) or came in with the incoming gradient. Run the forward under "
+                    f"ag.detect_nonfinite() to name the op that made it, and guard that op's input")
     return lines
 
 

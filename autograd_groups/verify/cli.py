@@ -15,9 +15,9 @@ from typing import Any
 
 from rich.console import Console
 
+from ..observe.recording import Recorder, recording
+from ..observe.tracer import trace
 from ..viz.cli import _check_script, _ended, _run, _say, _script_arguments
-from .recording import Recorder, recording
-from .tracer import trace
 from .verify import MAX_INSTANCES, check
 
 USAGE = "autograd-groups verify SCRIPT.py [--order 2] [--max-instances N] [--json] [-- ARGS]"
@@ -67,7 +67,10 @@ def run_verify(args: argparse.Namespace) -> int:
     with trace() as session, recording(recorder), \
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)
-    report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION)
+    try:
+        report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION)
+    finally:
+        recorder.close()
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:

@@ -2,7 +2,7 @@
 
 A run of the user's code, traced with a :class:`~autograd_groups.observe.recording.Recorder`, tells
 which (group, rule, instance) fired, and keeps a copy of each decorator group's call. Each such
-instance is checked at a :class:`~autograd_groups.observe.points.Point`: the group's function of its
+instance is checked at a :class:`~autograd_groups.verify.points.Point`: the group's function of its
 own inputs; a ``with`` block or a ``tag`` is no function of its own, so its point is ``fn`` of
 ``fn``'s arguments. At the point, in float64 (:mod:`.points`, :mod:`.limits`):
 
@@ -14,6 +14,7 @@ own inputs; a ``with`` block or a ``tag`` is no function of its own, so its poin
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,19 +27,20 @@ from ..errors import GroupError
 from ..frames import user_line
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
+from ..observe import counters, tracer
+from ..observe.recording import Recorder, recording
 from ..rules.kinds import Override, Rule, Subgradient
-from ..sites.hooks import second_order_untold
-from . import counters, limits, tracer
+from ..sites import second_order
+from . import limits
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
-from .recording import Recorder, recording
-from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Report, Row
+from .verdict import CONSISTENT, END_TO_END, INCONSISTENT, NOT_CHECKED, Report, Row
 
 #: How many instances of each group where a rule fired are checked, by default.
 MAX_INSTANCES = 5
 
 
 @dataclass
-class _Fired:
+class Fired:
     """A rule that fired in a recorded instance: at how many elements (for an override, how many
     times), at which ops, and where the instance was created."""
 
@@ -106,7 +108,10 @@ def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         whole = (f"a `with` block or tag() is checked through the function given to ag.verify, and "
                  f"{_name(fn)} has no floating-point tensor argument to differentiate: pass the "
                  f"tensors it reads as arguments")
-    return check(session.instances, recorder, order, max_instances, whole, user_line())
+    try:
+        return check(session.instances, recorder, order, max_instances, whole, user_line())
+    finally:
+        recorder.close()
 
 
 def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
@@ -115,14 +120,15 @@ def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, ma
     point that checks ``with`` and ``tag`` groups, or why they cannot be checked; ``called_at`` is
     where an instance that ``ag.verify`` itself created (``fn`` is a group) was created."""
     _check_options(order, max_instances)
-    with second_order_untold():
+    with second_order.untold():
         return _check(instances, recorder, order, max_instances, whole, called_at)
 
 
 def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
            whole: Point | str, called_at: str | None) -> Report:
     rows: list[Row] = []
-    through_whole: list[_Fired] = []
+    through_whole: list[Fired] = []
+    end_to_end: list[tuple[Fired, Row]] = []
     for name, group in _by_group(instances).items():
         rules = {rule.label: rule for instance in group for rule in instance.rules.rules}
         fired_per_rule = dict.fromkeys(rules, 0)
@@ -138,8 +144,13 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
             if call is not None:
                 grouped = autograd_group(call.group)(call.fn)
                 point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
-                rows += _check_point(point, fired, order, by_id=False) if point.inputs else [
+                own = check_point(point, fired, order, by_id=False) if point.inputs else [
                     _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
+                rows += own
+                end_to_end += [(f, row) for f, row in zip(fired, own)]
+            elif id(instance) in recorder.batched:
+                rows += [_row(f, order, NOT_CHECKED, "it ran under vmap, on a batch of inputs: check "
+                                                     "one entry with ag.verify(fn, *args)") for f in fired]
             elif recorder.decorated(instance):
                 rows += [_row(f, order, NOT_CHECKED, "its call was not recorded") for f in fired]
             else:
@@ -156,9 +167,21 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
     if isinstance(whole, str):
         rows += [_row(f, order, NOT_CHECKED, whole) for f in through_whole]
     elif through_whole:
-        rows += _check_point(whole, through_whole, order, by_id=True)
-    rows.sort(key=lambda row: (row.group, row.instance == "", _number(row.instance), row.rule))
+        rows += check_point(whole, through_whole, order, by_id=True)
+    if not isinstance(whole, str) and end_to_end:
+        rows += _end_to_end(whole, end_to_end, order)
+    rows.sort(key=lambda row: (row.group, row.instance == "", _number(row.instance), row.rule, row.scope))
     return Report(rows, order)
+
+
+def _end_to_end(whole: Point, checked: list[tuple[Fired, Row]], order: int) -> list[Row]:
+    """The rules of decorator groups checked on their own inputs, checked again through the whole
+    ``fn``: a function that is smooth of a kink (a kernel of a distance) can be wrong where the
+    group alone has no limit to compare with. A row is kept where it was checked and says what the
+    group's own does not (its status differs)."""
+    rows = check_point(whole, [f for f, _ in checked], order, by_id=True)
+    return [dataclasses.replace(row, scope=END_TO_END) for row, (_, own) in zip(rows, checked)
+            if row.status not in (NOT_CHECKED, own.status)]
 
 
 def _check_options(order: int, max_instances: int) -> None:
@@ -218,9 +241,9 @@ def _created(instance: GroupInstance, called_at: str | None) -> str:
     return called_at if called_at and instance.where.startswith(__file__ + ":") else instance.where
 
 
-def _fired(instance: GroupInstance, called_at: str | None) -> list[_Fired]:
+def _fired(instance: GroupInstance, called_at: str | None) -> list[Fired]:
     where = _created(instance, called_at)
-    return [_Fired(instance, rule, instance.hits[rule.label], _ops(instance, rule), where)
+    return [Fired(instance, rule, instance.hits[rule.label], _ops(instance, rule), where)
             for rule in instance.rules.rules if instance.hits.get(rule.label)]
 
 
@@ -233,7 +256,7 @@ def _ops(instance: GroupInstance, rule: Rule) -> str:
     return ", ".join(sorted(ops))
 
 
-def _row(fired: _Fired, order: int, status: str, reason: str = "", **numbers: Any) -> Row:
+def _row(fired: Fired, order: int, status: str, reason: str = "", **numbers: Any) -> Row:
     instance, rule = fired.instance, fired.rule
     return Row(group=instance.name, instance=instance.id, where=fired.where, rule=rule.label,
                kind=rule.kind, op=fired.ops, order=order, status=status, reason=reason,
@@ -246,7 +269,7 @@ def _summary(name: str, where: str, rule: Rule, order: int, reason: str) -> Row:
                reason=reason)
 
 
-def _check_point(point: Point, fired: list[_Fired], order: int, by_id: bool) -> list[Row]:
+def check_point(point: Point, fired: list[Fired], order: int, by_id: bool) -> list[Row]:
     """Rows for ``fired`` at ``point``: the recorded instances are found again in the point's run
     as its first instance (a decorator group's own call), or ``by_id`` (``fn`` as a whole)."""
     probe = Probe(point, order)
@@ -260,13 +283,13 @@ def _check_point(point: Point, fired: list[_Fired], order: int, by_id: bool) -> 
         if samples is None:
             return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
                     for f in fired]
-        return _rows(point, fired, order, by_id, at, limits.estimate(samples))
+        return _rows(point, fired, order, by_id, at, limits.estimate(samples), probe)
     finally:
         at.recorder.release()
 
 
-def _rows(point: Point, fired: list[_Fired], order: int, by_id: bool, at: AtPoint,
-          found: limits.Limits) -> list[Row]:
+def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint,
+          found: limits.Limits, probe: Probe) -> list[Row]:
     rows = []
     for f in fired:
         again = at.instances.get(f.instance.id) if by_id else at.first
@@ -285,7 +308,7 @@ def _rows(point: Point, fired: list[_Fired], order: int, by_id: bool, at: AtPoin
                            f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
             rows.append(_row(f, order, NOT_CHECKED, reason))
         else:
-            rows.append(_verdict(f, order, point, at, found, reached))
+            rows.append(_verdict(f, order, point, at, found, reached, probe))
     return rows
 
 
@@ -299,8 +322,8 @@ def _reached(rule: Rule, instance: GroupInstance, at: AtPoint) -> torch.Tensor |
     return at.reach(sites) & ~at.nan if sites else None
 
 
-def _verdict(f: _Fired, order: int, point: Point, at: AtPoint, found: limits.Limits,
-             reached: torch.Tensor) -> Row:
+def _verdict(f: Fired, order: int, point: Point, at: AtPoint, found: limits.Limits,
+             reached: torch.Tensor, probe: Probe) -> Row:
     compared = limits.compare(at.value, found, reached)
     checked = int(compared.checked.sum())
     unchecked = int(reached.sum()) - checked
@@ -313,10 +336,18 @@ def _verdict(f: _Fired, order: int, point: Point, at: AtPoint, found: limits.Lim
             (compared.no_limit, f"the {derivative} has no limit there along some direction"),
             (compared.unbounded, f"the {derivative} grows without bound there (towards one side "
                                  f"only, or the rules give inf - inf of its infinite terms, NaN)"),
+            (compared.outside & probe.plain_nonfinite,
+             f"the function is finite nearby, but the plain composite's {derivative} is not (the "
+             f"rules' own is what order=2 compares with there)"),
             (compared.outside, "every direction leaves the function's domain there")) if bool(mask.any()))
         reason = (f"{unchecked} of the {unchecked + checked} elements it reaches cannot be checked, "
                   f"e.g. {point.element(k)[0]}: {what}"
                   + (f"; it is consistent at the other {checked}" if checked else ""))
+    own = compared.checked & probe.own if probe.own.numel() else None
+    if own is not None and bool(own.any()):
+        reason = (reason + "; " if reason else "") + (
+            f"{int(own.sum())} element(s) checked against the rules' own derivative nearby, where the "
+            f"plain composite's is not finite")
     if not checked:
         return _row(f, order, status, reason)
     k = _worst(compared, at.changed)

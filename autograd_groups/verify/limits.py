@@ -41,6 +41,10 @@ RTOL = 1e-6
 ATOL = 1e-9
 #: Each step a diverging gradient grows by more than this factor (a tenfold smaller step).
 GROWTH = 2.0
+#: A change this many times the next one is not convergence but rounding noise (see _candidates).
+NOISE = 100.0
+#: Aitken's extrapolation is used only where each difference is at most this part of the previous.
+AITKEN_RATIO = 2.0
 
 CONVERGED, DIVERGED, NO_LIMIT, OUTSIDE = 0, 1, 2, 3
 
@@ -116,18 +120,24 @@ def _candidates(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     Three sequences of estimates: the samples themselves (robust where rounding noise dominates);
     Richardson's extrapolation of two steps, exact for ``L + c t`` (a smooth point); Aitken's of
     three, exact for ``L + c t^a`` whatever the power ``a`` (a cusp, a root), where the differences
-    shrink.
+    at least halve.
     """
     step = s[:, 1:] - s[:, :-1]
     richardson = s[:, 1:] + step / 9
     before, after = step[:, :-1], step[:, 1:]
     aitken = torch.where(after == 0, s[:, 2:], s[:, 2:] - after * after / (after - before))
-    aitken = torch.where((after.abs() < before.abs()) | (after == 0), aitken, math.nan)
+    # Only where the differences at least halve: then the limit lies within one difference of the
+    # last sample. A slower ratio (a slowly diverging log) divides by a near-zero second difference.
+    aitken = torch.where((after.abs() * AITKEN_RATIO <= before.abs()) | (after == 0), aitken, math.nan)
     estimates, changes, starts = [], [], []
     for sequence in (s, richardson, aitken):
-        estimates.append(sequence[:, 1:])
-        changes.append((sequence[:, 1:] - sequence[:, :-1]).abs())
-        starts.append(torch.arange(sequence.shape[1] - 1))
+        change = (sequence[:, 1:] - sequence[:, :-1]).abs()
+        # An estimate's error is its change, or a hundredth of the change before it if that is
+        # larger: convergence shrinks the changes tenfold a step, while two equal values among
+        # rounding noise (0, 0 after -1e10) must not settle.
+        estimates.append(sequence[:, 2:])
+        changes.append(torch.maximum(change[:, 1:], change[:, :-1] / NOISE))
+        starts.append(torch.arange(sequence.shape[1] - 2))
     change = torch.cat(changes, 1)
     return torch.cat(estimates, 1), torch.where(torch.isfinite(change), change, math.inf), torch.cat(starts)
 

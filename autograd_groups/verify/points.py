@@ -22,9 +22,10 @@ import torch
 from .. import flag
 from ..errors import GroupError
 from ..instance import GroupInstance
+from ..observe import tracer
+from ..observe.recording import Recorder, Site, recording
 from ..rules.kinds import NanSafe
-from . import limits, tracer
-from .recording import Recorder, Site, recording
+from . import limits
 
 _SEED = 0
 _SEEDED = torch.Generator().manual_seed(_SEED).get_state()
@@ -144,6 +145,10 @@ class Probe:
         self.projections: list[torch.Tensor] | None = None
         self.vector = torch.cat([self._random(x.shape).to(x.device).reshape(-1) for x in point.inputs])
         self.error: Exception | None = None
+        #: Elements whose derivative is not finite at some nearby point where the function is.
+        self.plain_nonfinite = torch.zeros(0, dtype=torch.bool)
+        #: Elements checked against the rules' own derivative nearby (order 2, see nearby).
+        self.own = torch.zeros(0, dtype=torch.bool)
 
     def _random(self, shape: torch.Size) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator, dtype=torch.float64)
@@ -214,8 +219,8 @@ class Probe:
                 for handle in handles:
                     handle.remove()
 
-        with flag.restored(flag.FlagState(False)):
-            plain = self._sample(self._leaves())
+        with flag.restored(flag.FlagState(False)), tracer.hidden():
+            plain = self._sample(self._leaves())[0]
         changed = torch.where(plain == value, 0.0, (plain - value).abs().nan_to_num(nan=math.inf))
         made = {i.id: i for i in [*session.instances, *recorder.instances]}
         # The comparison runs on the CPU, where the samples are gathered.
@@ -225,36 +230,70 @@ class Probe:
     def nearby(self) -> torch.Tensor | None:
         """The automatic derivative (special cases off) at the nearby points, (directions, steps,
         elements), NaN where a sample is unusable; None if the function raised at every one of
-        them (the error is kept in ``error``)."""
+        them (the error is kept in ``error``).
+
+        Where the function is finite at a nearby point but the plain composite's derivative is not
+        (``where(x != 0, y / x, y)`` in ``x``, a softplus's overflowing branch), the sample is
+        unusable at order 1 (``plain_nonfinite`` marks those elements). At order 2 it is the rules'
+        own derivative there instead (``own`` marks them): the second derivative through a rule is
+        the derivative of the rules' gradient, and it is that of the function wherever the rules
+        fire at a whole neighbourhood as they do at the point (their first-order gradient is
+        order 1's to check); where they fire at the point alone it differs, and is caught.
+        """
         directions = self._directions()
         n = sum(x.numel() for x in self.point.inputs)
-        out = torch.full((len(directions), len(limits.STEPS), n), math.nan, dtype=torch.float64)
+        shape = (len(directions), len(limits.STEPS), n)
+        out = torch.full(shape, math.nan, dtype=torch.float64)
+        left = torch.zeros(shape, dtype=torch.bool)
         offsets = torch.empty_like(out)
         ran = False
-        with flag.restored(flag.FlagState(False)):
+        with flag.restored(flag.FlagState(False)), tracer.hidden():
             for i, direction in enumerate(directions):
                 for j, step in enumerate(limits.STEPS):
                     offset = [step * d for d in direction]
                     offsets[i, j] = torch.cat([o.reshape(-1) for o in offset]).cpu()
                     try:
-                        out[i, j] = self._sample(self._leaves(offset)).cpu()
+                        out[i, j], left[i, j] = (t.cpu() for t in self._sample(self._leaves(offset)))
                         ran = True
                     except Exception as e:  # the function raises there: it is outside its domain
                         self.error = e
+                        left[i, j] = True
         point = torch.cat([x.reshape(-1) for x in self.point.inputs]).cpu()
-        return torch.where(limits.usable(point, offsets), out, math.nan) if ran else None
+        resolved = limits.usable(point, offsets)
+        broken = ~torch.isfinite(out) & ~left & resolved
+        self.plain_nonfinite = broken.any(1).any(0)
+        if self.order == 2 and bool(broken.any()):
+            out = self._own_where(broken, directions, out)
+        return torch.where(resolved, out, math.nan) if ran else None
 
-    def _sample(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        """The derivative at ``xs``, NaN where it depends on an output that is not finite: there the
-        function has left its domain."""
+    def _own_where(self, broken: torch.Tensor, directions: list[list[torch.Tensor]],
+                   out: torch.Tensor) -> torch.Tensor:
+        """``out`` with the rules' own derivative where ``broken`` (see :meth:`nearby`)."""
+        own = out.clone()
+        with flag.restored(flag.FlagState(True)), tracer.hidden():
+            for i, direction in enumerate(directions):
+                for j, step in enumerate(limits.STEPS):
+                    if not bool(broken[i, j].any()):
+                        continue
+                    try:
+                        own[i, j] = self._sample(self._leaves([step * d for d in direction]))[0].cpu()
+                    except Exception:  # as in nearby: it raises there, and the sample stays unusable
+                        continue
+        self.own = broken.any(1).any(0) & torch.isfinite(own).any(1).any(0)
+        return torch.where(broken, own, out)
+
+    def _sample(self, xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The derivative at ``xs``, NaN where it depends on an output that is not finite (there
+        the function has left its domain), and the mask of those elements."""
         projected, outputs = self._run(xs)
         broken = [~torch.isfinite(o.detach()) for o in outputs]
         left = any(bool(b.any()) for b in broken)
         value = self._derivative(projected, xs, retain=left)[1]
-        if left:
-            weights = [torch.where(b, math.nan, 0.0).to(o) for b, o in zip(broken, outputs)]
-            value = torch.where(self._nan(_project(outputs, weights), xs), math.nan, value)
-        return value
+        if not left:
+            return value, torch.zeros(value.shape, dtype=torch.bool, device=value.device)
+        weights = [torch.where(b, math.nan, 0.0).to(o) for b, o in zip(broken, outputs)]
+        domain = self._nan(_project(outputs, weights), xs)
+        return torch.where(domain, math.nan, value), domain
 
     def _directions(self) -> list[list[torch.Tensor]]:
         """:data:`~.limits.PAIRS` random directions and their negatives; each input's part scaled by

@@ -20,6 +20,9 @@ from rich.text import Text
 CONSISTENT = "consistent"
 INCONSISTENT = "inconsistent"
 NOT_CHECKED = "not checked"
+#: The ``scope`` of a row that checks a decorator group's rule through the whole function given to
+#: ``ag.verify``, rather than on the group's own inputs.
+END_TO_END = "end to end"
 _COLORS = {CONSISTENT: "green", INCONSISTENT: "red", NOT_CHECKED: "yellow"}
 
 
@@ -29,6 +32,8 @@ class Row:
 
     ``point``: "smooth" (the limits along every direction agree), "kink" (they differ: the rule must
     lie within their range), "cusp" (a limit is infinite), or "" when nothing was compared.
+    ``scope``: "" for the group checked on its own inputs (or, for a ``with`` block or ``tag``,
+    through the function), :data:`END_TO_END` for the rule checked again through the whole function.
     ``changed``: elements the rule changed in the run (for an override, its firings); ``checked``:
     input-gradient elements compared. At the element that differs most (``input``, ``index``,
     ``input_value``): the rule's value, the limits' range ``low`` to ``high``, how far outside it
@@ -55,6 +60,7 @@ class Row:
     input: str = ""
     index: list[int] = field(default_factory=list)
     input_value: float | None = None
+    scope: str = ""
 
 
 def _number(value: float | None) -> str:
@@ -80,6 +86,8 @@ def explain(row: Row) -> str:
     (difference 4, tolerance 5e-06)
     """
     who = f"{row.instance or row.group + ' (all instances)'} (created at {row.where}), {row.rule}"
+    if row.scope:
+        who += f", {row.scope} (through the function given to ag.verify)"
     if not row.checked:
         return f"{who}: {row.status}: {row.reason}"
     if row.point == "smooth":
@@ -136,7 +144,8 @@ class Report:
                 out.add_row(Text.assemble((title, "bold"), "  ", (_short(row.where), "dim")), "", "", "",
                             "")
             last = k + 1 == len(self.rows) or (self.rows[k + 1].group, self.rows[k + 1].instance) != head
-            out.add_row(Padding(Text(row.rule), (0, 0, 0, 2)), escape(row.op or "-"), row.point or "-",
+            rule = f"{row.rule} ({row.scope})" if row.scope else row.rule
+            out.add_row(Padding(Text(rule), (0, 0, 0, 2)), escape(row.op or "-"), row.point or "-",
                         f"[{_COLORS[row.status]}]{row.status}[/]", _number(row.difference),
                         end_section=last)
         return out

@@ -1,0 +1,208 @@
+"""Second order through a rule (DESIGN.md §7): where a second derivative flows through elements at
+which a subgradient or NaN-safe rule fired, it is the rule's own derivative. The first time that
+happens at a call site (the line that called the group), the rule is checked there, as
+``ag.verify(order=2)`` checks it, and a :class:`~autograd_groups.errors.SecondOrderWarning` is
+given if, and only if, the rule's second derivative is not the function's or could not be checked.
+
+The check itself lives in ``verify/`` (it re-runs the group), above this layer: it is installed
+here with :func:`set_checker` when ``autograd_groups`` is imported. The warning goes through
+``warnings`` with the call site as its location, so that the standard filters decide what repeats
+(``"default"`` shows it once per call site, ``"always"`` and ``pytest.warns`` every time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..errors import SecondOrderWarning
+from ..instance import GroupInstance
+from ..rules.kinds import NanSafe, Subgradient
+from . import levels
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the check of a call site found: ``status`` is ``"consistent"``, ``"inconsistent"`` or
+    ``"not checked"``; ``detail`` says where and by how much, or why it was not checked."""
+
+    status: str
+    detail: str = ""
+
+
+#: ``(instance, rule) -> Verdict``: the check (verify/site_check.py), once installed.
+Checker = Callable[[GroupInstance, Any], Verdict]
+_checker: Checker | None = None
+#: Per group, call site and rule (by identity: a rule registered again is checked again), the rule
+#: (which keeps its id from being reused) and the verdict of its check.
+_verdicts: dict[tuple[str, tuple[str, int], int], tuple[Any, Verdict]] = {}
+#: Per call site and rule, the backward pass (graph task) that last told of it.
+_told: dict[tuple[str, tuple[str, int], int], int] = {}
+#: Per file, the registry that ``warnings`` keeps of what it has shown at each line there.
+_registries: dict[str, dict[Any, Any]] = {}
+_lock = threading.Lock()
+_quiet = 0  # how many checks (or ag.verify runs) are running now, in any thread
+
+
+class Batched:
+    """Stands for an argument that was a vmap batch: its entries are not one point to check."""
+
+
+#: A call as a check re-runs it: the function (a weak reference: called, it gives the function or
+#: None), its arguments (tensors as plain, detached values under their torch.func wrappers, or
+#: :class:`Batched`), and the ids of those that require grad.
+Call = tuple[Callable[[], Any], tuple[Any, ...], dict[str, Any], frozenset[int]]
+
+
+def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Call:
+    """The call ``fn(*args, **kwargs)`` of a decorator group, for its instance to keep.
+
+    Nothing in it may lead back to the instance through autograd's graph, which the cycle
+    collector cannot see: the arguments are detached (a traced boundary node, an argument the group
+    changes in place, hold the instance), and the function is held weakly (its globals or closure
+    may hold the group's output: ``loss = f(x)`` at a script's top level).
+
+    >>> import torch
+    >>> fn, args, _, wanted = remember(torch.sin, (torch.ones(2, requires_grad=True) * 2,), {})
+    >>> fn() is torch.sin, args[0].grad_fn is None, id(args[0]) in wanted
+    (True, True, True)
+    """
+    wanted: list[int] = []
+    kept = tuple([_keep(a, wanted) for a in args])
+    named = {k: _keep(v, wanted) for k, v in kwargs.items()} if kwargs else kwargs
+    return _weak(fn), kept, named, frozenset(wanted)
+
+
+def _weak(fn: Callable[..., Any]) -> Callable[[], Any]:
+    if inspect.ismethod(fn):
+        return weakref.WeakMethod(fn)
+    try:
+        return weakref.ref(fn)
+    except TypeError:  # a builtin, which holds no globals of the user's
+        return lambda: fn
+
+
+def _keep(value: Any, wanted: list[int]) -> Any:
+    """An argument as a check re-runs it (see :func:`remember`); the id of a tensor that requires
+    grad (at some torch.func level) is added to ``wanted``. On every call of a group with rules:
+    a tensor without wrappers, the usual case, costs one detach."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if compat.is_functorch_wrapped_tensor(value):
+        plain, grad = levels.unwrapped(value)
+        if plain is None:
+            return Batched()
+    else:
+        plain, grad = value, value.requires_grad
+    plain = plain.detach()
+    if grad:
+        wanted.append(id(plain))
+    return plain
+
+
+def set_checker(checker: Checker) -> None:
+    """Install the check that a call site's first second derivative through a rule runs."""
+    global _checker
+    _checker = checker
+
+
+@contextlib.contextmanager
+def untold() -> Iterator[None]:
+    """Inside the block, second derivatives through rules are neither checked nor told of:
+    ``ag.verify`` and the check itself take them on purpose. Process-wide, as the autograd engine
+    may run the hooks on its own threads."""
+    global _quiet
+    with _lock:
+        _quiet += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _quiet -= 1
+
+
+def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
+    """A second derivative flows through the elements ``masks`` where ``rule`` fired at op ``op`` of
+    ``instance``: check the call site the first time, and warn unless the rule is right there."""
+    if _quiet:
+        return
+    elements = sum(int(levels.anywhere(m).sum()) for m in masks)
+    if not elements:
+        return
+    key = (instance.name, instance.site, id(rule))
+    found = _verdicts.get(key)
+    if found is None:
+        found = _verdicts[key] = (rule, _check(instance, rule))
+    verdict = found[1]
+    if verdict.status == "consistent":
+        return
+    # Once per backward pass: the rule's other sites in the instance are the same finding.
+    task = compat.current_graph_task_id()
+    with _lock:
+        if _told.get(key) == task:
+            return
+        _told[key] = task
+    file, line = instance.site
+    with _lock:
+        registry = _registries.setdefault(file, {})
+    warnings.warn_explicit(_message(instance, op, rule, elements, verdict), SecondOrderWarning,
+                           file, line or 1, registry=registry)
+
+
+def _check(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
+    if instance.call is None:
+        return Verdict("not checked", "a `with` block or tag() cannot be run again on its own inputs")
+    if _checker is None:
+        return Verdict("not checked", "ag.verify's check is not installed (import autograd_groups)")
+    with untold():
+        try:
+            return _checker(instance, rule)
+        except Exception as e:  # the user's function, re-run: whatever it raises, the warning says
+            return Verdict("not checked", f"running the group again on float64 copies of its inputs "
+                                          f"raised {e!r}")
+
+
+def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elements: int,
+             verdict: Verdict) -> str:
+    own = ("0, since NaN-safe passes exactly 0 there" if isinstance(rule, NanSafe)
+           else "0, since its grad is a constant" if rule.constant is not None
+           else "the derivative of its grad expression")
+    where = (f"group {instance.name!r} (created at {instance.where}), rule {rule.label}, at op {op}: "
+             f"a second derivative flows through {elements} element(s) where the rule fired, and "
+             f"there it is the rule's own derivative ({own})")
+    if instance.call is None:
+        return (f"{where}, which was not checked: {verdict.detail}. Check it with "
+                f"ag.verify(fn, *args, order=2) on the function that contains the group")
+    if verdict.status == "inconsistent":
+        found = f"{where}, which is not the function's: {verdict.detail}"
+    else:
+        found = (f"{where}; whether that is the function's could not be checked at the group's own "
+                 f"inputs ({verdict.detail}), and where the group's output enters a function that is "
+                 f"smooth there (a kernel of a distance, cos(|v|) at v = 0) it is not")
+    return f"{found}. {_advice(instance)}"
+
+
+def _advice(instance: GroupInstance) -> str:
+    """What the user can do: a built-in's own rules are not theirs to change."""
+    assert instance.call is not None
+    module = getattr(instance.call[0](), "__module__", "") or ""
+    if module.startswith("autograd_groups.ops"):
+        kernel = (" (a kernel of a distance in the squared distance, e.g. exp(-d2 / (2 * l**2)) with "
+                  "d2 = ((x[:, None] - y[None]) ** 2).sum(-1))" if "dist" in instance.name else "")
+        return (f"{instance.name} is a built-in, whose rules are the library's: write the function "
+                f"that uses it so that it is smooth there without the rule{kernel}, or wrap the whole "
+                f"function in a group of your own with an override whose backward is right there "
+                f"(docs/groups.md, 'Second order through a rule'); check it with "
+                f"ag.verify(fn, *args, order=2)")
+    return (f"Give group {instance.name!r} an override whose replacement backward is differentiable "
+            f"with the right derivative there (docs/groups.md, 'Second order through a rule'), and "
+            f"check it with ag.verify(fn, *args, order=2)")

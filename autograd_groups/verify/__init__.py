@@ -1,0 +1,8 @@
+"""Verify: ``ag.verify`` and ``autograd-groups verify``, which check each rule that fired against the
+limits of the automatic derivative at nearby points (docs/verify.md), and the check of a call site
+behind ``SecondOrderWarning``, installed here into the rule sites below (sites/second_order.py)."""
+
+from ..sites import second_order
+from .site_check import check_site
+
+second_order.set_checker(check_site)

@@ -1,0 +1,106 @@
+"""Issue 28's cost of the second-order check: the first time a second derivative flows through a
+fired rule at a call site, the group is run again and checked as ``ag.verify(order=2)`` does.
+
+    python benchmarks/bench_second_order.py [--repeats N]
+
+Per case: the Hessian the first time at a call site (with the check), again at the same site (the
+verdict kept), and their difference, the check; and what keeping a group's call for it costs at each
+forward (a call of a one-op group with and without it). Medians of N runs (default 5), one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.func import hessian, jacrev
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import markdown_table  # noqa: E402
+
+import autograd_groups as ag  # noqa: E402
+from autograd_groups.sites import second_order  # noqa: E402
+
+F64 = torch.float64
+
+
+def _cases() -> dict[str, Callable[[], torch.Tensor]]:
+    ag.register_rule("bench.length", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    length = ag.autograd_group("bench.length")(lambda v: (v * v).sum().sqrt())
+    ag.register_rule("bench.softplus", ag.NanSafe())
+    softplus = ag.autograd_group("bench.softplus")(
+        lambda x: torch.where(x < 20, torch.log1p(torch.exp(x)), x))
+    points = torch.randn(16, 3, generator=torch.Generator().manual_seed(0), dtype=F64)
+    wide = torch.linspace(-5, 1000, 64, dtype=F64)
+    return {
+        "cos of the length of v, v in R^3, jacrev(jacrev)": lambda: jacrev(jacrev(
+            lambda v: torch.cos(length(v))))(torch.zeros(3, dtype=F64)),
+        "RBF kernel of ops.cdist, 16 x 3 points, hessian": lambda: hessian(
+            lambda p: torch.exp(-ag.ops.cdist(p, points) ** 2).sum())(points),
+        "NaN-safe softplus, 64 elements, hessian": lambda: hessian(lambda x: softplus(x).sum())(wide),
+    }
+
+
+def _median(run: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _first(run: Callable[[], object]) -> None:
+    second_order._verdicts.clear()  # a new call site, as far as the check knows
+    run()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore", ag.SecondOrderWarning)
+    rows = []
+    for name, run in _cases().items():
+        run()  # warm-up: first uses, lazy imports
+        first = _median(lambda run=run: _first(run), args.repeats)
+        again = _median(run, args.repeats)
+        rows.append([name, f"{first * 1e3:.1f} ms", f"{again * 1e3:.1f} ms",
+                     f"{(first - again) * 1e3:.1f} ms"])
+    print(markdown_table(["case", "first at a call site", "again", "the check"], rows))
+
+    ag.register_rule("bench.double", ag.NanSafe())
+    double = ag.autograd_group("bench.double")(lambda x: x * 2)
+    x = torch.ones(8, requires_grad=True)
+    calls = 20000
+
+    def forward() -> None:
+        for _ in range(calls):
+            double(x)
+
+    kept = _median(forward, args.repeats) / calls
+    real = second_order.remember
+    second_order.remember = lambda fn, args, kwargs: None  # type: ignore[assignment,return-value]
+    try:
+        bare = _median(forward, args.repeats) / calls
+    finally:
+        second_order.remember = real
+    print()
+    print(markdown_table(["one-op group, forward only", "with its call kept", "without", "difference"],
+                         [["per call", f"{kept * 1e6:.2f} µs", f"{bare * 1e6:.2f} µs",
+                           f"{(kept - bare) * 1e6:.2f} µs"]]))
+    print(f"\ntorch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "
+          f"median of {args.repeats}")
+
+
+if __name__ == "__main__":
+    main()
