@@ -160,6 +160,7 @@ def tokens_of(roots: Sequence[Any]) -> list[Any]:
     """
     tokens: list[Any] = []
     index: dict[int, int] = {}
+    held: list[Any] = []  # a node's id holds only while it lives (torch 2.11 keeps none alive)
     stack: list[tuple[Any, int]] = [(root, 0) for root in reversed(roots)]
     while stack:
         node, nr = stack.pop()
@@ -168,9 +169,11 @@ def tokens_of(roots: Sequence[Any]) -> list[Any]:
         elif id(node) in index:
             tokens.append((index[id(node)], nr))
         elif not node.next_functions and type(node).__name__ == "AccumulateGrad":
+            held.append(node)
             index[id(node)] = -1 - sum(1 for i in index.values() if i < 0)
             tokens.append((index[id(node)], nr))
         else:
+            held.append(node)
             index[id(node)] = sum(1 for i in index.values() if i >= 0)
             read = reader(type(node))
             tokens.append((type(node), None if read is None else read(node), len(node.next_functions), nr))
