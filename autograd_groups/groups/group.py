@@ -52,13 +52,25 @@ def _named_inputs(signature: inspect.Signature | None, args: tuple[Any, ...], kw
     if not names:
         names = [f"arg{i}" for i in range(len(args))] + list(kwargs)
         values = [*args, *kwargs.values()]
-    named: dict[int, str] = {}
+    named = _NodeNames()
     tensors: list[torch.Tensor] = []
     for name, value in zip(names, values):
         if isinstance(value, torch.Tensor):
             tensors.append(value)
-            named[id(value.grad_fn) if value.grad_fn is not None else id(value)] = name
+            node = value.grad_fn
+            if node is not None:
+                named.held.append(node)
+            named[id(node) if node is not None else id(value)] = name
     return named, tensors, dict(zip(names, values))
+
+
+class _NodeNames(dict[int, str]):
+    """Argument names by the id of their tensor's autograd node, holding those nodes: an id holds
+    only while its node's Python object lives, and torch 2.11 keeps none alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[object] = []
 
 
 class _Recorder(TorchFunctionMode):
