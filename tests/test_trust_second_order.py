@@ -184,3 +184,14 @@ def _matern_squared(d2: torch.Tensor, length: float) -> torch.Tensor:
     r2 = 5 * d2 / length**2
     r = torch.where(r2 > 0, r2.clamp_min(1e-300).sqrt(), torch.zeros_like(r2))
     return torch.where(r2 > 0, (1 + r + r2 / 3) * torch.exp(-r), 1 - r2 / 6)
+
+
+def test_a_hessian_with_respect_to_empty_inputs_does_not_warn_and_verify_says_not_checked() -> None:
+    """logsumexp over an empty dimension is ``-inf``, where the built-in's log rule fires; the
+    Hessian with respect to a (0, 3) input has no element to be wrong (an OpInfo sample)."""
+    x = torch.zeros(0, 3, dtype=F64, requires_grad=True)
+    (g,) = torch.autograd.grad(exact(lambda: ag.ops.logsumexp(x, 0)).sum(), x, create_graph=True)
+    assert exact(lambda: torch.autograd.grad(g.sum(), x)[0]).shape == (0, 3)
+    report = ag.verify(lambda a: ag.ops.logsumexp(a, 0).sum(), x, order=2)
+    assert [(row.status, row.reason) for row in report.rows] == [
+        ("not checked", "the elements it changed reach no input gradient")]

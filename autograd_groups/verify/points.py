@@ -302,7 +302,7 @@ class Probe:
         for _ in range(limits.PAIRS):
             parts = [self._random(x.shape).to(x.device) * max(1.0, float(x.abs().max()) if x.numel() else 1.0)
                      for x in self.point.inputs]
-            largest = max(float(p.abs().max()) for p in parts if p.numel())
+            largest = max((float(p.abs().max()) for p in parts if p.numel()), default=1.0)
             parts = [p / largest for p in parts]
             found += [parts, [-p for p in parts]]
         return found
