@@ -45,19 +45,6 @@ Edges = Sequence[tuple[Edge, ...]]
 #: Per hooked member: the indices of the gradients to zero, or None for all of them.
 Sites = dict[int, tuple[int, ...] | None]
 
-#: Products: per input gradient, the saved values it is multiplied by (finite functions of them,
-#: derivatives.yaml's ``grad * other``, ``grad * self.cos()``, ``grad.bmm(mat2.transpose(1, 2))``).
-_PRODUCTS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "MulBackward0": (("other",), ("self",)),
-    "MmBackward0": (("mat2",), ("self",)),
-    "BmmBackward0": (("mat2",), ("self",)),
-    "ExpBackward0": (("result",),),
-    "SinBackward0": (("self",),),
-    "CosBackward0": (("self",),),
-    "TanhBackward0": (("result",),),
-    "SigmoidBackward0": (("result",),),
-    "LinalgCrossBackward0": (("other",), ("self",)),
-}
 #: Which input a saved value is; ``result`` is the node's own output.
 _INPUT = {"self": 0, "other": 1, "mat2": 1}
 #: Products whose result can be infinite for finite inputs of ordinary size.
@@ -254,7 +241,7 @@ def _kind(cls: type, fact: Any) -> str:
         if fact is not None and fact >= 1 and fact == int(fact):
             return "product"  # grad * n * x ** (n - 1): finite where x is
         return "root" if fact is not None and 0 < fact < 1 else "other"
-    if name in _PRODUCTS:
+    if name in zero_passing.MULTIPLIERS:
         return "product"
     if name in _ROOTS:
         return "root"
@@ -304,7 +291,7 @@ def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
         if kind != "product":
             found.append((i, None))
             continue
-        uses = _PRODUCTS.get(name, (("self",),))
+        uses = zero_passing.MULTIPLIERS.get(name, (("self",),))
         unsafe = {n for names in uses for n in names if not (
             finite[i] if n == "result" else _INPUT[n] >= len(inputs) or is_finite_factor(inputs[_INPUT[n]]))}
         zeroed = tuple(j for j, names in enumerate(uses[:len(inputs)])

@@ -25,6 +25,7 @@ the hooks of the products it still had to hook (docs/groups.md, "Where the hooks
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -70,11 +71,22 @@ def _scales_safely(value: Any) -> bool:
     return isinstance(value, (int, float, complex)) and value != 0 and math.isfinite(abs(value))
 
 
-#: Node classes whose backward multiplies the incoming gradient by a product of finite functions of
-#: their saved tensors wherever those are finite (derivatives.yaml: ``grad * other``,
-#: ``grad * self.cos()``, ``grad.bmm(mat2.transpose(1, 2))``, ``grad * result`` for exp, ...).
-_PRODUCTS = frozenset({"MulBackward0", "MmBackward0", "BmmBackward0", "ExpBackward0", "SinBackward0",
-                       "CosBackward0", "TanhBackward0", "SigmoidBackward0"})
+#: Products: node classes whose backward multiplies each input's gradient by finite functions of
+#: their saved tensors wherever those are finite, and per input gradient the saved values it is
+#: multiplied by (derivatives.yaml: ``grad * other``, ``grad * self.cos()``,
+#: ``grad.bmm(mat2.transpose(1, 2))``, ``grad * result`` for exp, ...; ``result`` is the node's own
+#: output).
+MULTIPLIERS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "MulBackward0": (("other",), ("self",)),
+    "MmBackward0": (("mat2",), ("self",)),
+    "BmmBackward0": (("mat2",), ("self",)),
+    "ExpBackward0": (("result",),),
+    "SinBackward0": (("self",),),
+    "CosBackward0": (("self",),),
+    "TanhBackward0": (("result",),),
+    "SigmoidBackward0": (("result",),),
+    "LinalgCrossBackward0": (("other",), ("self",)),
+}
 
 
 #: The most elements of saved tensors read in one call: checking costs a pass over them, and above
@@ -82,41 +94,52 @@ _PRODUCTS = frozenset({"MulBackward0", "MmBackward0", "BmmBackward0", "ExpBackwa
 CHECKED = 16384
 
 
-def passing_now(members: list[Any]) -> set[int]:
-    """The ids of the products among ``members`` (:data:`_PRODUCTS`) that pass an exactly zero
-    gradient on as zero in this call: those whose saved tensors are all finite, read at once.
+def passing_now(sites: Sequence[tuple[Any, tuple[int, ...] | None]]) -> set[int]:
+    """The ids of the products among the nodes of ``sites`` (:data:`MULTIPLIERS`) that pass an
+    exactly zero gradient on as zero in this call, each for the input gradients it names (None:
+    all of them): those whose saved tensors multiplying these gradients are all finite, read at
+    once.
 
     The caller makes sure that the values may be read: an eager CPU forward, no compiler, no
     ``torch.func`` transform, and no saved-tensor hooks (which would unpack, or recompute, them);
-    and passes only the products the structure could not clear (:mod:`autograd_groups.finiteness`).
+    and passes only the products the structure could not clear (:mod:`autograd_groups.finiteness`),
+    with the gradients it could not clear.
 
     One sum tells for all of them: a single non-finite value clears none.
 
     >>> import torch
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
     >>> product, root = x * x, torch.sqrt(x)
-    >>> members = [product.grad_fn, root.grad_fn]  # ids hold while these live
-    >>> found = passing_now(members)
-    >>> [id(node) in found for node in members]
+    >>> sites = [(product.grad_fn, None), (root.grad_fn, None)]  # ids hold while these live
+    >>> found = passing_now(sites)
+    >>> [id(node) in found for node, _ in sites]
     [True, False]
-    >>> passing_now([product.grad_fn, (x.log() * x).grad_fn])
-    set()
+    >>> y = torch.tensor([0.0, 2.0])
+    >>> log_times = x.log() * y.requires_grad_()      # log(0) = -inf multiplies y's gradient only
+    >>> passing_now([(log_times.grad_fn, None)]), len(passing_now([(log_times.grad_fn, (0,))]))
+    (set(), 1)
     """
     products: list[Any] = []
     saved: list[torch.Tensor] = []
     elements = 0
-    for node in members:
-        if type(node).__name__ in _PRODUCTS and elements <= CHECKED:  # past the bound, reading is wasted
-            products.append(node)
-            for n in nodes.saved_names(node):
-                value = getattr(node, "_saved_" + n)
-                if isinstance(value, torch.Tensor):
-                    saved.append(value)
-                    elements += value.numel()
-    if saved and elements <= CHECKED and all(host_reads.allowed(t) for t in saved):
+    for node, zeroed in sites:
+        uses = MULTIPLIERS.get(type(node).__name__)
+        if uses is None:
+            continue
+        products.append(node)
+        names = {n for j, names in enumerate(uses) if zeroed is None or j in zeroed for n in names}
+        for n in names:
+            value = getattr(node, "_saved_" + n)
+            if isinstance(value, torch.Tensor):
+                saved.append(value)
+                elements += value.numel()
+        if elements > CHECKED:  # past the bound, reading is wasted
+            return set()
+    if saved and all(host_reads.allowed(t) for t in saved):
         # One sum over all of them: finite only if each is (an overflow errs on the safe side).
         with torch.no_grad():
-            total = torch.cat([t.reshape(-1) for t in saved]).sum().item()
+            joined = saved[0] if len(saved) == 1 else torch.cat([t.reshape(-1) for t in saved])
+            total = joined.sum().item()
         if math.isfinite(abs(total)):
             return {id(node) for node in products}
     return set()

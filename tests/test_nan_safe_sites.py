@@ -156,7 +156,7 @@ def test_a_node_passes_zeros_on_for_the_values_it_saved(name: str) -> None:
     for values, passing in ((finite, True), (hostile, False)):
         x = values.clone().requires_grad_()
         out = op(x)
-        assert (id(out.grad_fn) in passing_now([out.grad_fn])) is passing, (name, values)
+        assert (id(out.grad_fn) in passing_now([(out.grad_fn, None)])) is passing, (name, values)
         leaves = [t for t in (x, *_saved_leaves(out.grad_fn)) if t.requires_grad]
         grads = torch.autograd.grad(out, leaves, torch.zeros_like(out), allow_unused=True,
                                     materialize_grads=True)
@@ -174,7 +174,7 @@ def test_a_quotient_by_a_tensor_that_needs_a_gradient_is_hooked_whatever_its_val
     x = torch.tensor([1.0], requires_grad=True)
     y = torch.tensor([1e-30], requires_grad=True)
     out = x / y
-    assert passing_now([out.grad_fn]) == set()
+    assert passing_now([(out.grad_fn, None)]) == set()
     assert torch.autograd.grad(out, y, torch.zeros(1))[0].isnan().all()
 
 
@@ -184,7 +184,7 @@ def test_a_quotient_by_a_tensor_is_hooked_even_where_it_has_no_zero(
     # Testing a divisor of many elements for zeros would cost what the hook does: it is not read.
     x = torch.tensor([1.0, 2.0], requires_grad=True)
     out = op(x)
-    assert passing_now([out.grad_fn]) == set()
+    assert passing_now([(out.grad_fn, None)]) == set()
 
 
 def test_the_rule_sites_of_a_call_follow_its_values() -> None:

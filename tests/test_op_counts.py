@@ -39,8 +39,9 @@ def test_rodrigues_dispatches_at_most_10_ops_more_than_the_double_where(bench, b
     # One view more: the group's call is kept detached for a second-order check (sites/second_order.py).
     assert off.ops - hand.ops <= 10 and off.views == hand.views + 1
     on = op_counts.count(grouped["rodrigues"], x, reads=True)
-    # The CPU's read clears the two products where their saved values are small enough to read.
-    assert on.hooks == (3 if batch == 64 else 5)
+    # The CPU's read clears the two products: it reads only the factors that multiply the gradients
+    # they would zero (a and b, one number per rotation, not K).
+    assert on.hooks == 3
 
 
 @pytest.mark.parametrize("rows", [256, 4096])

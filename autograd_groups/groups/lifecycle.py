@@ -240,7 +240,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             sites = {i: None for i, node in enumerate(members) if not passes_zeros(node)}
         if sites and host_reads.enabled() and saved.readable():
             # The CPU value read, where it still removes hooks: products the structure could not clear.
-            quiet = passing_now([members[i] for i in sites])
+            quiet = passing_now([(members[i], zeroed) for i, zeroed in sites.items()])
             sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
     # Only the sites need a look where no other rule and no claim is to be written.
