@@ -89,8 +89,9 @@ MULTIPLIERS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
-#: The most elements of saved tensors read in one call: checking costs a pass over them, and above
-#: this size that is what the hooks it spares would spend on the gradients.
+#: The most elements of saved tensors read per product spared: a successful read costs a pass over
+#: them, less than the hook it spares spends on the gradient they multiply; a read that finds a
+#: non-finite value spares nothing, and this bounds what it wastes.
 CHECKED = 16384
 
 
@@ -120,25 +121,24 @@ def passing_now(sites: Sequence[tuple[Any, tuple[int, ...] | None]]) -> set[int]
     (set(), 1)
     """
     products: list[Any] = []
-    saved: list[torch.Tensor] = []
-    elements = 0
+    saved: dict[int, torch.Tensor] = {}  # by id: a tensor several products saved is read once
     for node, zeroed in sites:
         uses = MULTIPLIERS.get(type(node).__name__)
         if uses is None:
             continue
         products.append(node)
-        names = {n for j, names in enumerate(uses) if zeroed is None or j in zeroed for n in names}
-        for n in names:
-            value = getattr(node, "_saved_" + n)
-            if isinstance(value, torch.Tensor):
-                saved.append(value)
-                elements += value.numel()
-        if elements > CHECKED:  # past the bound, reading is wasted
-            return set()
-    if saved and all(host_reads.allowed(t) for t in saved):
+        for j, names in enumerate(uses):
+            if zeroed is None or j in zeroed:
+                for n in names:
+                    value = getattr(node, "_saved_" + n)
+                    if isinstance(value, torch.Tensor):
+                        saved[id(value)] = value
+    elements = sum(t.numel() for t in saved.values())
+    if saved and elements <= CHECKED * len(products) and all(host_reads.allowed(t) for t in saved.values()):
         # One sum over all of them: finite only if each is (an overflow errs on the safe side).
         with torch.no_grad():
-            joined = saved[0] if len(saved) == 1 else torch.cat([t.reshape(-1) for t in saved])
+            values = list(saved.values())
+            joined = values[0] if len(values) == 1 else torch.cat([t.reshape(-1) for t in values])
             total = joined.sum().item()
         if math.isfinite(abs(total)):
             return {id(node) for node in products}

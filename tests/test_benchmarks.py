@@ -50,6 +50,15 @@ def _bench_module(name: str):
         sys.path.remove(str(ROOT / "benchmarks"))
 
 
+def test_nan_safe_floor_checks_its_variants_and_prints_a_row_per_workload() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "nan_safe_floor.py"), "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if "µs" in line]
+    assert rows == ["| rodrigues (64, 3)", "| rodrigues (4096, 3)", "| entropy (256, 64)",
+                    "| entropy (4096, 64)"]
+
+
 def test_bench_targets_prints_each_target_with_met_or_missed() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_targets.py"), "--repeats", "1"],
                           capture_output=True, text=True, timeout=300)

@@ -233,8 +233,12 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     if rules and compat.dynamo_imported():
         _refuse_compiled(instance, members)
     traced = instance.graph is not None
-    read = instance.nested or traced or tagged
-    write = read or instance.parent is not None
+    # A claim says which instance owns a node and what it applied there. An enclosing instance
+    # reads them at its rule sites, so every instance with a parent claims the nodes it hooks; a
+    # trace, an anomaly check and a tagged chain read them at every node ("observed").
+    observed = traced or tagged or instance.watched
+    read = instance.nested or observed
+    write = observed or instance.parent is not None
     if rules.nan_safe is not None:
         if sites is None:
             sites = {i: None for i, node in enumerate(members) if not passes_zeros(node)}
@@ -244,7 +248,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
     # Only the sites need a look where no other rule and no claim is to be written.
-    quick = sites is not None and not (write or rules.subgradients)
+    quick = sites is not None and not (observed or rules.subgradients)
     visited = sorted(sites) if quick and sites is not None else range(len(members))
     for i in visited:
         node = members[i]
@@ -258,7 +262,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
                 zeroed = sites[i]
             else:
                 nan_safe = None
-        if not (subgradients or nan_safe or write):
+        if not (subgradients or nan_safe or observed):
             continue
         sited = sited or bool(subgradients)
         claim = node.metadata.get(CLAIM) if read else None
