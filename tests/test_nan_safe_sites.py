@@ -291,3 +291,19 @@ def test_an_incoming_minus_zero_counts_as_zero_and_an_incoming_nan_as_not(dtype:
     x = torch.tensor([0.0, 0.0, 2.0, 2.0], dtype=dtype, requires_grad=True)
     (grad,) = torch.autograd.grad(f(x).sum(), x)
     torch.testing.assert_close(grad, torch.tensor([0.0, 0.0, NAN, 0.5], dtype=dtype), equal_nan=True)
+
+
+def test_the_cpu_read_is_bounded_per_product_it_would_spare_and_reads_a_shared_tensor_once() -> None:
+    """``CHECKED`` elements per product: two products by one no-grad factor of 12288 elements are
+    read (it counts once), one product by a factor of 20000 is not; nor two by a hostile one."""
+    from autograd_groups.zero_passing import CHECKED
+    x = torch.ones(4096, 3, requires_grad=True)
+    shared = torch.rand(4096, 3)
+    first, second = x * shared, torch.linalg.cross(x, shared)
+    sites = [(first.grad_fn, (0,)), (second.grad_fn, (0,))]
+    assert passing_now(sites) == {id(first.grad_fn), id(second.grad_fn)}
+    big = torch.ones(20000, requires_grad=True)
+    alone = big * torch.rand(20000)
+    assert CHECKED < 20000 and passing_now([(alone.grad_fn, (0,))]) == set()
+    hostile = x * shared.clone().index_put_((torch.tensor(7), torch.tensor(1)), torch.tensor(INF))
+    assert passing_now([(hostile.grad_fn, (0,)), (first.grad_fn, (0,))]) == set()
