@@ -44,6 +44,8 @@ Edge = tuple[int, int] | None
 Edges = Sequence[tuple[Edge, ...]]
 #: Per hooked member: the indices of the gradients to zero, or None for all of them.
 Sites = dict[int, tuple[int, ...] | None]
+#: A structure's sites as its plan keeps them: (member, gradients to zero) pairs, by member.
+Found = tuple[tuple[int, tuple[int, ...] | None], ...]
 
 #: Which input a saved value is; ``result`` is the node's own output.
 _INPUT = {"self": 0, "other": 1, "mat2": 1}
@@ -62,13 +64,15 @@ _KEEPS_SIGN = frozenset({
 _ROOTS = frozenset({"SqrtBackward0"})
 #: The class of an override group's node (groups/override.py).
 _OVERRIDE = "_OverrideFunctionBackward"
+#: The class of a torch.compile'd graph's node.
+_COMPILED = "CompiledFunctionBackward"
 #: Built-in groups whose override node passes zeros on and keeps finite inputs finite, whichever
 #: backward runs: ``ops.atan2``'s replacement is ``grad * (x, -y) / (x² + y²)``, 0 at the origin,
 #: and its own chain runs only where ``x`` is far from 0 (``near_the_y_axis``); its result is an
 #: angle.
 _PASSING_OVERRIDES = frozenset({"ops.atan2"})
 
-_plans: dict[tuple[Any, ...], Any] = {}
+_plans: dict[tuple[Any, ...], Plan] = {}
 #: The most structures kept: a program makes few, but one that builds graphs of changing shape
 #: must not grow the cache without bound.
 _KEPT = 1024
@@ -168,6 +172,59 @@ def tokens_of(roots: Sequence[Any]) -> list[Any]:
     return tokens
 
 
+class Plan:
+    """What the NaN-safe rule needs on one structure: its :data:`Sites`, whether a node of it is a
+    torch.compile'd graph (which no rule can reach, lifecycle.py refuses it), and how the CPU's value
+    read (:func:`~autograd_groups.zero_passing.passing_now`) has fared on it.
+
+    A read that finds a non-finite value spares no hook and costs its pass for nothing; on a
+    structure where that keeps happening (an entropy's ``log p`` at its exact zeros is ``-inf`` at
+    every call) the read is skipped for the next 1, 3, 7, ... 63 calls after each miss in a row, and
+    tried again after them. Skipping it only leaves hooks in place, which give the same gradients.
+
+    >>> plan = Plan(((0, None),), compiled=False)
+    >>> plan.worth_reading(), plan.read(spared=False), plan.worth_reading(), plan.worth_reading()
+    (True, None, False, True)
+    """
+
+    __slots__ = ("sites", "compiled", "_misses", "_skip")
+
+    #: The most misses in a row counted: a structure is read again at least every 64 calls.
+    MISSES = 6
+
+    def __init__(self, sites: Found, compiled: bool) -> None:
+        self.sites = sites
+        self.compiled = compiled
+        self._misses = 0
+        self._skip = 0
+
+    def worth_reading(self) -> bool:
+        """Whether this call should read the values (a call skipped counts towards the next read)."""
+        if self._skip:
+            self._skip -= 1  # a race between threads only moves the next read by a call
+            return False
+        return True
+
+    def read(self, spared: bool) -> None:
+        """What a read found: whether it spared the hooks of the products it read."""
+        self._misses = 0 if spared else min(self._misses + 1, self.MISSES)
+        self._skip = 2 ** self._misses - 1
+
+
+def plan(tokens: Sequence[Any], roots: int) -> Plan:
+    """The :class:`Plan` of the structure an instance's walk wrote down (:func:`tokens_of`) from its
+    ``roots`` output nodes, decided once per structure."""
+    structure = (roots, *tokens)
+    found = _plans.get(structure)
+    if found is None:
+        if len(_plans) >= _KEPT:
+            _plans.clear()
+        classes, facts, edges = _decode(tokens, roots)
+        compiled = any(cls.__name__ == _COMPILED for cls in classes)
+        found = _plans[structure] = Plan(_decide(classes, facts, edges), compiled)
+    return found
+
+
 def sites(tokens: Sequence[Any], roots: int) -> Sites:
     """The members (by index) that need NaN-safe zeroing, and which of their gradients, from the
     structure an instance's walk wrote down (:func:`tokens_of`) from its ``roots`` output nodes.
@@ -178,14 +235,7 @@ def sites(tokens: Sequence[Any], roots: int) -> Sites:
     >>> sites(tokens_of([out.grad_fn]), 1)       # only the root, for its derivative at 0
     {0: None}
     """
-    structure = (roots, *tokens)
-    plan = _plans.get(structure)
-    if plan is None:
-        if len(_plans) >= _KEPT:
-            _plans.clear()
-        classes, facts, edges = _decode(tokens, roots)
-        plan = _plans[structure] = _decide(classes, facts, edges)
-    return dict(plan)
+    return dict(plan(tokens, roots).sites)
 
 
 def _decode(tokens: Sequence[Any], roots: int) -> tuple[list[type], list[Any], list[tuple[Edge, ...]]]:
@@ -252,10 +302,7 @@ def _kind(cls: type, fact: Any) -> str:
     return "passes" if zero_passing.passes_zeros_class(cls) else "other"
 
 
-Plan = tuple[tuple[int, tuple[int, ...] | None], ...]
-
-
-def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Plan:
+def _decide(classes: list[type], facts: list[Any], edges: Edges) -> Found:
     finite = [False] * len(classes)
     nonnegative = [False] * len(classes)
 

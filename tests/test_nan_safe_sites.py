@@ -307,3 +307,58 @@ def test_the_cpu_read_is_bounded_per_product_it_would_spare_and_reads_a_shared_t
     assert CHECKED < 20000 and passing_now([(alone.grad_fn, (0,))]) == set()
     hostile = x * shared.clone().index_put_((torch.tensor(7), torch.tensor(1)), torch.tensor(INF))
     assert passing_now([(hostile.grad_fn, (0,)), (first.grad_fn, (0,))]) == set()
+
+
+def test_a_structure_whose_cpu_read_keeps_missing_is_read_less_often_with_the_same_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After each read in a row that finds a non-finite value (so spares nothing) the structure's
+    read is skipped for the next 1, 3, 7, ... calls, which keep their hooks; a read that spares
+    hooks resets it. Read or not, the gradients are those of the reads-off path (a GPU's)."""
+    from autograd_groups import finiteness, host_reads
+    from autograd_groups.groups import lifecycle
+    ag.register_rule("sites.backoff", ag.NanSafe())
+
+    @ag.autograd_group("sites.backoff")
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.where(x < 50, x, torch.exp(x) * y)
+
+    reads: list[tuple[int, bool]] = []  # per read: the call, and whether it spared the hooks
+    calls = [0]
+
+    def counted(sites: list[tuple[object, tuple[int, ...] | None]]) -> set[int]:
+        found = passing_now(sites)
+        reads.append((calls[0], bool(found)))
+        return found
+
+    monkeypatch.setattr(lifecycle, "passing_now", counted)
+    monkeypatch.setattr(finiteness, "_plans", {})  # a read's history is its structure's, in any group
+
+    def grads(big: float) -> tuple[torch.Tensor, ...]:
+        x = torch.tensor([1.0, big], requires_grad=True)
+        y = torch.tensor([2.0, 3.0], requires_grad=True)
+        return torch.autograd.grad(f(x, y).sum(), (x, y))
+
+    # exp(100) is inf in float32: the first 20 calls' reads miss; exp(1) is finite.
+    for big in [100.0] * 20 + [1.0] * 12:
+        calls[0] += 1
+        got = grads(big)
+        with host_reads.off():
+            want = grads(big)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+            assert not g.isnan().any()
+    assert reads == [(1, False), (3, False), (7, False), (15, False), (31, True), (32, True)]
+
+
+def test_under_a_trace_the_cpu_read_follows_each_calls_values() -> None:
+    ag.register_rule("sites.traced", ag.NanSafe())
+
+    @ag.autograd_group("sites.traced")
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.where(x < 50, x, torch.exp(x) * y)
+
+    for big, sited in ((100.0, ["exp", "mul"]), (1.0, []), (100.0, ["exp", "mul"]), (1.0, [])):
+        with ag.trace() as t:
+            f(torch.tensor([1.0, big], requires_grad=True), torch.tensor([2.0, 3.0], requires_grad=True))
+        (instance,) = t.instances
+        assert sorted(data["op"] for _, data in instance.graph.nodes(data=True) if data.get("rules")) == sited

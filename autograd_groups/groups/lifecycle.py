@@ -213,9 +213,9 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
         stack.extend(reversed(children))
         if traced:
             edges.extend((node, child) for child, _ in children if child is not None)
-    sites = finiteness.sites(tokens, len(roots)) if tokens is not None else None
+    plan = finiteness.plan(tokens, len(roots)) if tokens is not None else None
     vertices = subgraph.trace_members(instance, members, boundary, edges, roots, named) if traced else {}
-    install_rules(instance, members, vertices, sites=sites)
+    install_rules(instance, members, vertices, plan=plan)
     if traced and instance.rules:
         inputs.watch(instance, members, boundary)
     if instance.session is not None:
@@ -223,14 +223,14 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
 
 
 def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[int, str],
-                  tagged: bool = False, sites: finiteness.Sites | None = None) -> None:
+                  tagged: bool = False, plan: finiteness.Plan | None = None) -> None:
     """Hook the instance's rules onto its members; innermost groups win on the same op.
 
-    ``sites`` are the members (by index) a NaN-safe rule needs and the gradients it zeroes there,
-    from the instance's structure; without them (a tagged node, whose inputs are unknown) every
+    ``plan`` has the members (by index) a NaN-safe rule needs and the gradients it zeroes there,
+    from the instance's structure; without one (a tagged node, whose inputs are unknown) every
     member that does not pass zeros on is a site."""
     rules = instance.rules
-    if rules and compat.dynamo_imported():
+    if rules and compat.dynamo_imported() and (plan is None or plan.compiled):
         _refuse_compiled(instance, members)
     traced = instance.graph is not None
     # A claim says which instance owns a node and what it applied there. An enclosing instance
@@ -239,12 +239,20 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
     observed = traced or tagged or instance.watched
     read = instance.nested or observed
     write = observed or instance.parent is not None
+    sites: finiteness.Sites | None = None
     if rules.nan_safe is not None:
-        if sites is None:
+        if plan is None:
             sites = {i: None for i, node in enumerate(members) if not passes_zeros(node)}
-        if sites and host_reads.enabled() and saved.readable():
-            # The CPU value read, where it still removes hooks: products the structure could not clear.
+        else:
+            sites = dict(plan.sites)
+        # The CPU value read, where it still removes hooks: products the structure could not clear;
+        # on a structure where it keeps finding non-finite values it is tried less often, but always
+        # under a trace, whose rule sites show the call's own values.
+        if sites and host_reads.enabled() and saved.readable() and (
+                plan is None or instance.graph is not None or plan.worth_reading()):
             quiet = passing_now([(members[i], zeroed) for i, zeroed in sites.items()])
+            if plan is not None:
+                plan.read(spared=bool(quiet))
             sites = {i: outputs for i, outputs in sites.items() if id(members[i]) not in quiet}
     sited = False
     # Only the sites need a look where no other rule and no claim is to be written.
