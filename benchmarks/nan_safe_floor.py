@@ -12,6 +12,11 @@ double ``where``):
   walk, the hooks' registration and the kernels cost with no bookkeeping at backward;
 - hooks doing nothing: each hook returns None at once: the walk, the registration and the engine's
   calls into Python, no zeroing;
+- no library: the body alone, its nodes found by a bare walk that writes the structure down as
+  the library's does, the library's decision for that structure (``finiteness.plan``) and its CPU
+  value read (as often as the plan asks for it), and the least zeroing hooked at the sites: no
+  instance, flag, count, claim or check of any kind. The least any Python rule site design costs
+  for the same hooks;
 - plain composite: the function without its group (the special cases off), NaN where the double
   ``where`` is not: what its ops cost against the hand-written ones (``log(0)`` is slow on the CPU).
 
@@ -35,7 +40,9 @@ import bench_targets as bt  # noqa: E402
 from common import interleaved_medians, markdown_table  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
+from autograd_groups import finiteness, nodes  # noqa: E402
 from autograd_groups.sites import hooks  # noqa: E402
+from autograd_groups.zero_passing import passing_now  # noqa: E402
 
 Fn = Callable[[torch.Tensor], torch.Tensor]
 _real = hooks.SiteHook.__call__
@@ -62,6 +69,55 @@ def _switched(site: hooks.SiteHook, grad_inputs: Sequence[torch.Tensor | None],
     return _real(site, grad_inputs, grad_outputs)
 
 
+def _zeroing(zeroed: tuple[int, ...] | None) -> Callable[..., tuple[torch.Tensor | None, ...]]:
+    def hook(grad_inputs: Sequence[torch.Tensor | None],
+             grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...]:
+        nonzero = grad_outputs[0].bool()  # type: ignore[union-attr]
+        for i, grad in enumerate(grad_inputs):
+            if grad is not None and (zeroed is None or i in zeroed):
+                grad.view(torch.int32).mul_(nonzero)
+        return tuple(grad_inputs)
+    return hook
+
+
+def no_library(body: Fn) -> Fn:
+    """``body`` with NaN-safe hooks at the sites the library chooses, and nothing else (see above)."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        start = torch._C._autograd._get_sequence_nr()
+        out = body(x)
+        members: list[Any] = []
+        tokens: list[Any] = []
+        index: dict[int, int] = {}
+        stack: list[tuple[Any, int]] = [(out.grad_fn, 0)]
+        while stack:
+            node, nr = stack.pop()
+            if node is None:
+                tokens.append(None)
+                continue
+            seen = index.get(id(node))
+            if seen is None and (type(node) is nodes.ACCUMULATE_GRAD or node._sequence_nr() < start):
+                seen = index[id(node)] = -1 - sum(1 for i in index.values() if i < 0)
+            if seen is not None:
+                tokens.append((seen, nr))
+                continue
+            index[id(node)] = len(members)
+            members.append(node)
+            read = finiteness.reader(type(node))
+            tokens.append((type(node), None if read is None else read(node), len(node.next_functions), nr))
+            stack.extend(reversed(node.next_functions))
+        plan = finiteness.plan(tokens, 1)
+        quiet: set[int] = set()
+        if plan.worth_reading():
+            quiet = passing_now([(members[i], zeroed) for i, zeroed in plan.sites])
+            plan.read(spared=bool(quiet))
+        sites = plan.sites
+        for i, zeroed in sites:
+            if id(members[i]) not in quiet:
+                members[i].register_hook(_zeroing(zeroed))
+        return out
+    return run
+
+
 def _step(fn: Fn, x: torch.Tensor, mode: str) -> Callable[[], None]:
     def run() -> None:
         _mode[0] = mode
@@ -74,16 +130,16 @@ def _step(fn: Fn, x: torch.Tensor, mode: str) -> Callable[[], None]:
     return run
 
 
-MODES = ("group", "least zeroing", "hooks doing nothing", "plain composite")
+MODES = ("group", "least zeroing", "hooks doing nothing", "no library", "plain composite")
 
 
-def _checked(name: str, fn: Fn, hand: Fn, x: torch.Tensor) -> None:
-    """Exit unless the group and its least zeroing give the hand double where's gradients at ``x``:
-    the rows compare ways to compute the same thing."""
+def _checked(name: str, fns: dict[str, Fn], hand: Fn, x: torch.Tensor) -> None:
+    """Exit unless the group, its least zeroing and the design without the library give the hand
+    double where's gradients at ``x``: the rows compare ways to compute the same thing."""
     want = torch.autograd.grad(hand(x).sum(), x)[0]
-    for mode in MODES[:2]:
+    for mode in ("group", "least zeroing", "no library"):
         _mode[0] = mode
-        got = torch.autograd.grad(fn(x).sum(), x)[0]
+        got = torch.autograd.grad(fns[mode](x).sum(), x)[0]
         if not (got.isfinite().all() and torch.allclose(got, want, rtol=1e-4, atol=1e-4)):
             raise SystemExit(f"nan_safe_floor: {name} with {mode} computes other gradients than by hand")
 
@@ -97,13 +153,15 @@ def main() -> None:
     grouped = bt.register()
     hooks.SiteHook.__call__ = _switched  # type: ignore[method-assign]
     rows = []
-    workloads = (("rodrigues", bt.rodrigues_double_where, (bt.rotations(64), bt.rotations(4096))),
-                 ("entropy", bt.entropy_double_where, (bt.probabilities(256), bt.probabilities(4096))))
-    for name, hand, inputs in workloads:
+    workloads = (
+        ("rodrigues", bt.rodrigues, bt.rodrigues_double_where, (bt.rotations(64), bt.rotations(4096))),
+        ("entropy", bt.entropy, bt.entropy_double_where, (bt.probabilities(256), bt.probabilities(4096))))
+    for name, body, hand, inputs in workloads:
+        fns = {mode: no_library(body) if mode == "no library" else grouped[name] for mode in MODES}
         for x in inputs:
-            _checked(name, grouped[name], hand, x)
+            _checked(name, fns, hand, x)
             variants = {"hand": _step(hand, x, "group"),
-                        **{mode: _step(grouped[name], x, mode) for mode in MODES}}
+                        **{mode: _step(fns[mode], x, mode) for mode in MODES}}
             medians = interleaved_medians(variants, args.repeats or (1000 if x.shape[0] <= 256 else 100))
             rows.append([f"{name} {tuple(x.shape)}", f"{medians['hand'] * 1e6:.0f} µs",
                          *(f"{medians[mode] / medians['hand']:.2f}×" for mode in MODES)])
