@@ -86,6 +86,9 @@ def no_library(body: Fn) -> Fn:
         start = torch._C._autograd._get_sequence_nr()
         out = body(x)
         members: list[Any] = []
+        # Held, as the library holds them: a node's id holds only while its Python object lives, and
+        # torch 2.11 keeps none alive (a freed one's id comes back as another node's).
+        boundary: list[Any] = []
         tokens: list[Any] = []
         index: dict[int, int] = {}
         stack: list[tuple[Any, int]] = [(out.grad_fn, 0)]
@@ -96,7 +99,8 @@ def no_library(body: Fn) -> Fn:
                 continue
             seen = index.get(id(node))
             if seen is None and (type(node) is nodes.ACCUMULATE_GRAD or node._sequence_nr() < start):
-                seen = index[id(node)] = -1 - sum(1 for i in index.values() if i < 0)
+                seen = index[id(node)] = -1 - len(boundary)
+                boundary.append(node)
             if seen is not None:
                 tokens.append((seen, nr))
                 continue

@@ -1,4 +1,5 @@
-"""Shared fixtures: the cdist example as a module, and a clean flag/registry for every test."""
+"""Shared fixtures: the cdist example as a module, and a clean flag/registry/read history for every
+test."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import ModuleType
 import pytest
 
 import autograd_groups as ag
+from autograd_groups import finiteness
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +42,10 @@ def line_of(file: str, marker: str) -> int:
 
 
 @pytest.fixture(autouse=True)
-def _clean_state():
+def _clean_state(monkeypatch: pytest.MonkeyPatch):
+    # A structure's CPU-read history (its backoff after misses) is the process's: without a fresh
+    # one, whether a test's group reads its values would depend on the tests run before it.
+    monkeypatch.setattr(finiteness, "_plans", {})
     ag.set_special_cases(True)
     ag.reset_stats()
     with ag.registry_scope():

@@ -314,7 +314,7 @@ def test_a_structure_whose_cpu_read_keeps_missing_is_read_less_often_with_the_sa
     """After each read in a row that finds a non-finite value (so spares nothing) the structure's
     read is skipped for the next 1, 3, 7, ... calls, which keep their hooks; a read that spares
     hooks resets it. Read or not, the gradients are those of the reads-off path (a GPU's)."""
-    from autograd_groups import finiteness, host_reads
+    from autograd_groups import host_reads
     from autograd_groups.groups import lifecycle
     ag.register_rule("sites.backoff", ag.NanSafe())
 
@@ -331,7 +331,6 @@ def test_a_structure_whose_cpu_read_keeps_missing_is_read_less_often_with_the_sa
         return found
 
     monkeypatch.setattr(lifecycle, "passing_now", counted)
-    monkeypatch.setattr(finiteness, "_plans", {})  # a read's history is its structure's, in any group
 
     def grads(big: float) -> tuple[torch.Tensor, ...]:
         x = torch.tensor([1.0, big], requires_grad=True)
