@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -27,6 +29,34 @@ def test_registry_scope_undoes_registrations():
         ag.register_rule("temporary", ag.NanSafe())
         assert "temporary" in ag.list_rules()
     assert "temporary" not in ag.list_rules()
+
+
+def test_the_builtins_outlive_the_scope_of_their_first_use():
+    # The suite loads the built-ins before any test: their first use inside a scope needs a fresh
+    # process.
+    script = (
+        "import torch, autograd_groups as ag\n"
+        "with ag.registry_scope():\n"
+        "    ag.ops.cdist(torch.zeros(1, 2), torch.zeros(1, 2))\n"
+        "x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad=True)\n"
+        "ag.ops.cdist(x, x).sum().backward()\n"
+        "print('ops.cdist' in ag.list_rules(), x.grad.tolist())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0]], requires_grad=True)
+    torch.cdist(x, x).sum().backward()
+    assert done.stdout.split(" ", 1) == ["True", f"{x.grad.tolist()}\n"]
+
+
+def test_kept_rules_outlive_every_open_scope():
+    rule = ag.NanSafe()
+    with ag.registry_scope():
+        with ag.registry_scope():
+            ag.register_rule("kept", rule)
+            ag.register_rule("dropped", ag.NanSafe())
+            registry.keep(["kept"])
+        assert "dropped" not in ag.list_rules()
+    assert ag.list_rules()["kept"] == (rule,)
+    ag.unregister_rule("kept", rule)
 
 
 def test_registering_while_another_thread_runs_backward(cdist_example):

@@ -14,6 +14,7 @@ True
 
 from importlib import resources
 
+from ..rules.registry import keep
 from ..spec import load_spec
 from .distance import cdist, dist, pdist
 from .elementwise import atan2, pow, xlogy
@@ -23,6 +24,7 @@ from .reductions import logsumexp
 
 #: What loading ``builtin.yaml`` registered (``SPEC.groups``: the groups and their rules).
 SPEC = load_spec(resources.files(__name__) / "builtin.yaml")
+keep(group.name for group in SPEC.groups)
 
 __all__ = ["SPEC", "atan2", "cdist", "cosine_similarity", "dist", "logsumexp", "normalize", "pdist", "pow",
            "std", "var", "vector_norm", "xlogy"]

@@ -11,7 +11,7 @@ import contextlib
 import difflib
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +62,8 @@ _sets: dict[str, RuleSet] = {}
 _origins: weakref.WeakKeyDictionary[Rule, str] = weakref.WeakKeyDictionary()
 # Group names used by autograd_group() or tag(), with or without rules.
 _declared: set[str] = set()
+# What each open registry_scope restores when it closes (see keep()).
+_open_scopes: list[dict[str, tuple[Rule, ...]]] = []
 # Group names already warned about rules under a close name (note_unruled).
 _told: set[str] = set()
 # Bumped by every change: torch.compile guards on it, so a compiled group sees today's rules.
@@ -335,13 +337,36 @@ def registry_scope() -> Iterator[None]:
     """
     with _lock:
         saved = dict(_rules)
+        _open_scopes.append(saved)
     try:
         yield
     finally:
         with _lock:
+            _open_scopes.remove(saved)
             _rules.clear()
             _rules.update(saved)
             _changed()
+
+
+def keep(groups: Iterable[str]) -> None:
+    """Let the rules now registered under ``groups`` outlive every open :func:`registry_scope`.
+
+    The built-in library registers its rules once, on first use of ``ag.ops``; that first use may
+    be inside a scope, whose end would otherwise leave the built-ins without rules for good.
+
+    >>> import autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     with ag.registry_scope():
+    ...         _ = ag.register_rule("kept", ag.NanSafe())
+    ...         keep(["kept"])
+    ...     "kept" in ag.list_rules()
+    True
+    """
+    with _lock:
+        for saved in _open_scopes:
+            for name in groups:
+                if name in _rules:
+                    saved.setdefault(name, _rules[name])
 
 
 class _SpecialCase(Override):
