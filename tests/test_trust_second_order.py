@@ -121,14 +121,42 @@ def test_a_wrong_hessian_through_nan_safe_warns_with_the_numbers(mode: str) -> N
 # -- no once-per-process bookkeeping -------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_harmless_call_does_not_hide_a_wrong_hessian_in_the_same_group(mode: str) -> None:
+@pytest.mark.parametrize("line", ["other lines", "the same line"])
+def test_a_harmless_call_does_not_hide_a_wrong_hessian_in_the_same_group(mode: str, line: str) -> None:
     take = MODES[mode]
     with ag.registry_scope():
-        power = tc.pow_composite(f"trust.hide.{mode}")
+        power = tc.pow_composite(f"trust.hide.{mode}.{line}")
         zeros, two = torch.zeros(1, dtype=F64), torch.full((1,), 2.0, dtype=F64)
-        exact(lambda: take(lambda b: power(zeros, b).sum())(two))  # exact: no warning
-        _, found = told(lambda: take(lambda x: power(x, two).sum())(zeros))
-        assert found and "which is not the function's" in str(found[0].message)
+
+        def one_line(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return power(x, y).sum()  # the call site of both Hessians
+
+        if line == "the same line":
+            harmless, wrong = lambda b: one_line(zeros, b), lambda x: one_line(x, two)
+        else:
+            harmless, wrong = lambda b: power(zeros, b).sum(), lambda x: power(x, two).sum()
+        assert torch.equal(exact(lambda: take(harmless)(two)), torch.zeros(1, 1, dtype=F64))
+        value, found = told(lambda: take(wrong)(zeros))
+        assert torch.equal(value, torch.zeros(1, 1, dtype=F64))  # x²'s is 2
+        assert found and "which is not the function's: at x[0]" in str(found[0].message)
+
+
+def test_an_argument_that_requires_grad_but_is_not_differentiated_is_not_checked() -> None:
+    """d²/dy² of exp(y · log x) at x = 0, y = 2 is 0 = d²/dy² 0 ** y, exact; d²/dx² there (0 for
+    x²'s 2) is wrong, and is not what this backward takes."""
+    with ag.registry_scope():
+        power = tc.pow_composite("trust.partial")
+        x = torch.zeros(1, dtype=F64, requires_grad=True)
+        y = torch.full((1,), 2.0, dtype=F64, requires_grad=True)
+
+        def second(wrt: torch.Tensor) -> torch.Tensor:
+            (g,) = torch.autograd.grad(power(x, y).sum(), wrt, create_graph=True)  # one call site
+            return torch.autograd.grad(g.sum(), wrt)[0]
+
+        assert torch.equal(exact(lambda: second(y)), torch.zeros(1, dtype=F64))
+        value, found = told(lambda: second(x))
+        assert torch.equal(value, torch.zeros(1, dtype=F64))
+        assert found and "which is not the function's: at x[0]" in str(found[0].message)
 
 
 def test_two_call_sites_with_wrong_hessians_in_one_group_both_warn() -> None:

@@ -279,7 +279,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             nan_safe = None if claim.nan_safe else nan_safe
         vertex = vertices.get(id(node)) if traced else None
         if subgradients or nan_safe is not None:
-            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node, zeroed))
+            node.register_hook(SiteHook(instance, subgradients, nan_safe, vertex, node, zeroed, i))
             if traced:
                 sites_rules: list[Subgradient | NanSafe] = [*subgradients, *([nan_safe] if nan_safe else [])]
                 instance.graph.nodes[vertex]["rules"].extend(

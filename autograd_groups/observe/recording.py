@@ -35,12 +35,14 @@ class Call:
 
 @dataclass
 class Site:
-    """One run of a rule at a rule site: the autograd node, the rule, and the masks of the elements
-    it changed (one per gradient it set, see :mod:`autograd_groups.sites.hooks`)."""
+    """One run of a rule at a rule site: the autograd node, the rule, the masks of the elements
+    it changed (one per gradient it set, see :mod:`autograd_groups.sites.hooks`), and the node's
+    place among the instance's members (``SiteHook.index``)."""
 
     node: Any
     rule: Any
     masks: list[torch.Tensor]
+    index: int | None = None
 
 
 def _copy(value: Any) -> Any:
@@ -118,13 +120,14 @@ class Recorder:
         """Whether ``instance`` was made by a call of a decorator group (not ``with`` or ``tag``)."""
         return id(instance) in self._decorated
 
-    def changed(self, instance: Any, rule: Any, masks: list[torch.Tensor]) -> None:
-        """At the running rule site of ``instance``, ``rule`` changed the elements ``masks``."""
+    def changed(self, instance: Any, rule: Any, masks: list[torch.Tensor], index: int | None) -> None:
+        """At the running rule site of ``instance`` (member ``index``), ``rule`` changed the elements
+        ``masks``."""
         if not self.record_sites or self._stopped or rule not in instance.rules.rules:
             return  # (a rule the instance does not have: the formula guard of create_graph)
         while instance.merged_into is not None:  # tagged chains that met: the sites are the root's
             instance = instance.merged_into
-        site = Site(compat.current_autograd_node(), rule, [m.detach() for m in masks])
+        site = Site(compat.current_autograd_node(), rule, [m.detach() for m in masks], index)
         with self._lock:
             self.sites.setdefault((id(instance), rule.label), []).append(site)
 

@@ -350,13 +350,16 @@ class SiteHook:
     compilation, not once per backward.
     """
 
-    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "node_class", "elementwise",
-                 "captured", "zeroed")
+    __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "index", "node_class",
+                 "elementwise", "captured", "zeroed")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any,
-                 zeroed: tuple[int, ...] | None = None) -> None:
+                 zeroed: tuple[int, ...] | None = None, index: int | None = None) -> None:
         self.instance = instance
+        #: The node's place in the walk of the instance's members: the same node in a run of the
+        #: group on other values of the same inputs (the second-order check's).
+        self.index = index
         #: The gradients a NaN-safe rule zeroes here (by input index), or None for all: a product
         #: zeroes only those multiplied by a saved value that may be non-finite (finiteness.py).
         self.zeroed = zeroed
@@ -423,12 +426,12 @@ class SiteHook:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                second_order.tell(instance, self.op, rule, [mask])
+                second_order.tell(instance, self.op, rule, [mask], self.index)
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                second_order.tell(instance, self.op, self.nan_safe, masks)
+                second_order.tell(instance, self.op, self.nan_safe, masks, self.index)
         if counted:
             self._count(ran, traced)
         return tuple(grads)
@@ -448,4 +451,4 @@ class SiteHook:
             instance.record_hit(self.vertex, rule.label,
                                 sum(int(levels.anywhere(m).sum()) for m in masks) if n is None else n)
             if instance.recorder is not None:
-                instance.recorder.changed(instance, rule, masks)
+                instance.recorder.changed(instance, rule, masks, self.index)

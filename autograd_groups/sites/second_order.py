@@ -3,6 +3,11 @@ which a subgradient or NaN-safe rule fired, it is the rule's own derivative. The
 happens at a call site (the line that called the group), the rule is checked there, as
 ``ag.verify(order=2)`` checks it, and a :class:`~autograd_groups.errors.SecondOrderWarning` is
 given if, and only if, the rule's second derivative is not the function's or could not be checked.
+A call site is checked once per rule site the second derivative went through and per set of
+arguments that require grad: the same line differentiated in another argument (``hessian`` in
+``y``, then in ``x``) goes through other elements and is checked again, and the check covers the
+elements of the rule sites this backward went through, not those of an argument it did not
+differentiate.
 
 The check itself lives in ``verify/`` (it re-runs the group), above this layer: it is installed
 here with :func:`set_checker` when ``autograd_groups`` is imported. The warning goes through
@@ -39,12 +44,14 @@ class Verdict:
     detail: str = ""
 
 
-#: ``(instance, rule) -> Verdict``: the check (verify/site_check.py), once installed.
-Checker = Callable[[GroupInstance, Any], Verdict]
+#: ``(instance, rule, index) -> Verdict``: the check (verify/site_check.py), once installed;
+#: ``index`` is the rule site's member (``SiteHook.index``).
+Checker = Callable[[GroupInstance, Any, "int | None"], Verdict]
 _checker: Checker | None = None
-#: Per group, call site and rule (by identity: a rule registered again is checked again), the rule
-#: (which keeps its id from being reused) and the verdict of its check.
-_verdicts: dict[tuple[str, tuple[str, int], int], tuple[Any, Verdict]] = {}
+#: Per group, call site, rule (by identity: a rule registered again is checked again), rule site and
+#: arguments that require grad, the rule (which keeps its id from being reused) and the verdict.
+_verdicts: dict[tuple[str, tuple[str, int], int, int | None, tuple[int | str, ...]],
+                tuple[Any, Verdict]] = {}
 #: Per call site and rule, the backward pass (graph task) that last told of it.
 _told: dict[tuple[str, tuple[str, int], int], int] = {}
 #: Per file, the registry that ``warnings`` keeps of what it has shown at each line there.
@@ -130,27 +137,30 @@ def untold() -> Iterator[None]:
             _quiet -= 1
 
 
-def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: list[torch.Tensor]) -> None:
-    """A second derivative flows through the elements ``masks`` where ``rule`` fired at op ``op`` of
-    ``instance``: check the call site the first time, and warn unless the rule is right there."""
+def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: list[torch.Tensor],
+         index: int | None) -> None:
+    """A second derivative flows through the elements ``masks`` where ``rule`` fired at op ``op``
+    (member ``index``) of ``instance``: check the call site there the first time, and warn unless
+    the rule is right there."""
     if _quiet:
         return
     elements = sum(int(levels.anywhere(m).sum()) for m in masks)
     if not elements:
         return
-    key = (instance.name, instance.site, id(rule))
+    site = (instance.name, instance.site, id(rule))
+    key = (*site, index, _differentiable(instance.call))
     found = _verdicts.get(key)
     if found is None:
-        found = _verdicts[key] = (rule, _check(instance, rule))
+        found = _verdicts[key] = (rule, _check(instance, rule, index))
     verdict = found[1]
     if verdict.status == "consistent":
         return
     # Once per backward pass: the rule's other sites in the instance are the same finding.
     task = compat.current_graph_task_id()
     with _lock:
-        if _told.get(key) == task:
+        if _told.get(site) == task:
             return
-        _told[key] = task
+        _told[site] = task
     file, line = instance.site
     with _lock:
         registry = _registries.setdefault(file, {})
@@ -158,14 +168,23 @@ def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: l
                            file, line or 1, registry=registry)
 
 
-def _check(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
+def _differentiable(call: Call | None) -> tuple[int | str, ...]:
+    """The arguments of ``call`` that require grad, by position or name."""
+    if call is None:
+        return ()
+    _, args, kwargs, wanted = call
+    return (*(i for i, a in enumerate(args) if id(a) in wanted),
+            *(k for k, v in kwargs.items() if id(v) in wanted))
+
+
+def _check(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None) -> Verdict:
     if instance.call is None:
         return Verdict("not checked", "a `with` block or tag() cannot be run again on its own inputs")
     if _checker is None:
         return Verdict("not checked", "ag.verify's check is not installed (import autograd_groups)")
     with untold():
         try:
-            return _checker(instance, rule)
+            return _checker(instance, rule, index)
         except Exception as e:  # the user's function, re-run: whatever it raises, the warning says
             return Verdict("not checked", f"running the group again on float64 copies of its inputs "
                                           f"raised {e!r}")

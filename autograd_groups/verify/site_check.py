@@ -34,8 +34,9 @@ def unobserved() -> Iterator[None]:
         yield
 
 
-def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
-    """Whether the second derivative ``rule`` gives at ``instance``'s call is the function's there.
+def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None = None) -> Verdict:
+    """Whether the second derivative ``rule`` gives at ``instance``'s call is the function's there:
+    at the elements its rule site at member ``index`` reaches (None: at all its rule sites).
 
     >>> import torch, autograd_groups as ag
     >>> with ag.registry_scope():
@@ -63,7 +64,7 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe) -> Verdict:
             # A second derivative with respect to empty inputs has no element to be wrong.
             return Verdict(CONSISTENT)
         fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
-                             instance.where)
+                             instance.where, None if index is None else frozenset([index]))
         row = verify.check_point(point, [fired], 2, by_id=False)[0]
     if row.status == CONSISTENT:
         return Verdict(CONSISTENT)

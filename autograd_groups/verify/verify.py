@@ -42,13 +42,15 @@ MAX_INSTANCES = 5
 @dataclass
 class Fired:
     """A rule that fired in a recorded instance: at how many elements (for an override, how many
-    times), at which ops, and where the instance was created."""
+    times), at which ops, and where the instance was created; ``sites``, the rule sites (members of
+    the instance, ``SiteHook.index``) to check it at, or None for all."""
 
     instance: GroupInstance
     rule: Rule
     changed: int
     ops: str
     where: str
+    sites: frozenset[int] | None = None
 
 
 def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: int = MAX_INSTANCES,
@@ -296,7 +298,7 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
         if again is None or again.name != f.instance.name:
             rows.append(_row(f, order, NOT_CHECKED, "its run on float64 copies made no such instance"))
             continue
-        reached = _reached(f.rule, again, at)
+        reached = _reached(f, again, at)
         if reached is None:
             rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
                                                     "float64 copies (a special point made by float32's "
@@ -312,12 +314,16 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
     return rows
 
 
-def _reached(rule: Rule, instance: GroupInstance, at: AtPoint) -> torch.Tensor | None:
-    """The input-gradient elements ``rule`` reaches in ``instance`` of the point's run; None if it
-    did not fire there."""
+def _reached(f: Fired, instance: GroupInstance, at: AtPoint) -> torch.Tensor | None:
+    """The input-gradient elements ``f``'s rule reaches in ``instance`` of the point's run, from
+    ``f.sites``; None if it did not fire there."""
+    rule = f.rule
     if isinstance(rule, Override):  # the whole gradient is the replacement's, NaN included
         return torch.ones_like(at.nan) if instance.hits.get(rule.label) else None
     sites = at.recorder.sites.get((id(instance), rule.label))
+    if sites and f.sites is not None:
+        # A run that walked the group otherwise (other members) is checked at all its sites.
+        sites = [s for s in sites if s.index in f.sites] or sites
     # A NaN elsewhere in the rules' gradient hides whether the rule's elements reach it.
     return at.reach(sites) & ~at.nan if sites else None
 
