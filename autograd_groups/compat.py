@@ -1,10 +1,12 @@
 """Every private PyTorch API the library touches, found once, at import, on the installed release.
 
-The rest of the package reaches ``torch._C``, ``torch._functorch`` and ``torch._dynamo`` only
-through this module (tests/test_compat.py checks it), so that a release that renames or drops one
-breaks one line here, not a backward pass. Where a supported release (DESIGN.md §6: 2.11 to 2.15)
-lacks a name, the feature it serves uses a public equivalent or raises :class:`UnsupportedRelease`
-naming the feature and the release -- never an ``AttributeError`` from ``torch._C``.
+The rest of the package reaches ``torch._C``, ``torch._functorch``, ``torch._dynamo``,
+``torch.utils._pytree`` -- any ``torch._*`` or ``torch.utils._*`` name -- only through this module
+(tests/test_compat.py checks it), so that a release that renames or drops one breaks one line here,
+not a backward pass, nor ``import autograd_groups``: every name is looked up with :func:`find`.
+Where a supported release (DESIGN.md §6: 2.11 to 2.15) lacks a name, the feature it serves uses a
+public equivalent or raises :class:`UnsupportedRelease` naming the feature and the release --
+never an ``AttributeError`` from ``torch._C``.
 
 Dynamo itself is imported lazily: importing it costs a second and changes how compiled autograd
 treats saved values, so the library never imports it for a user who does not compile.
@@ -13,33 +15,64 @@ treats saved values, so the library never imports it for a user who does not com
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib
+import inspect
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._C import _functorch
-from torch._functorch.pyfunctorch import (
-    retrieve_all_functorch_interpreters,
-    temporarily_clear_interpreter_stack,
-)
 
 from .errors import UnsupportedRelease
 
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find",
-    "get_unwrapped", "graph_break", "has_storage", "is_batchedtensor", "is_compiling", "is_exporting",
-    "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim", "maybe_get_level",
-    "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks", "push_saved_tensors_hooks",
-    "retrieve_all_functorch_interpreters", "sequence_nr", "stash_in_engine_tls", "stashed_in_engine_tls",
-    "temporarily_clear_interpreter_stack", "top_saved_tensors_hooks", "unstash_from_engine_tls",
+    "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage", "is_batchedtensor",
+    "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
+    "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks",
+    "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "sequence_nr",
+    "stash_in_engine_tls", "stashed_in_engine_tls", "temporarily_clear_interpreter_stack",
+    "top_saved_tensors_hooks", "tree_flatten", "tree_unflatten", "unstash_from_engine_tls",
 ]
 
 
+def _refusal(feature: str, where: str) -> UnsupportedRelease:
+    return UnsupportedRelease(
+        f"{feature} needs {where}, which PyTorch {torch.__version__} does not have; "
+        f"autograd-groups supports PyTorch 2.11 to 2.15: install one of those releases")
+
+
+class _Missing:
+    """Stands for a name this release lacks: calling it, or reading a name of it (a member of a
+    missing enum), raises the refusal, so that only the feature that needs the name fails."""
+
+    def __init__(self, feature: str, where: str) -> None:
+        self._feature, self._where = feature, where
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refusal(self._feature, self._where)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # introspection (copy, pickle, inspect) asks for these
+            raise AttributeError(name)
+        raise _refusal(self._feature, f"{self._where}.{name}")
+
+
+def _lookup(owner: Any, name: str) -> Any:
+    """``owner.name`` for a dotted ``name``, or None where a part of it is missing."""
+    for part in name.split("."):
+        owner = getattr(owner, part, None)
+        if owner is None:
+            return None
+    return owner
+
+
 def find(owner: Any, name: str, feature: str) -> Any:
-    """``owner.name``, or where this release lacks it a function that raises
-    :class:`UnsupportedRelease` naming ``feature`` and the release when called.
+    """``owner.name`` (``name`` may be dotted), or where this release lacks it a stand-in that
+    raises :class:`UnsupportedRelease` naming ``feature`` and the release when called or read.
 
     >>> find(torch._C, "_current_graph_task_id", "rule sites")()
     -1
@@ -47,49 +80,106 @@ def find(owner: Any, name: str, feature: str) -> Any:
     Traceback (most recent call last):
     ...
     autograd_groups.errors.UnsupportedRelease: the example needs torch._C._no_such_name, ...
+    >>> find(torch._C, "_no_such_enum", "the example").Member
+    Traceback (most recent call last):
+    ...
+    autograd_groups.errors.UnsupportedRelease: the example needs torch._C._no_such_enum.Member, ...
     """
-    found = getattr(owner, name, None)
-    if found is not None:
-        return found
-    where = f"{owner.__name__}.{name}"
+    found = _lookup(owner, name)
+    return _Missing(feature, f"{owner.__name__}.{name}") if found is None else found
 
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise UnsupportedRelease(
-            f"{feature} needs {where}, which PyTorch {torch.__version__} does not have; "
-            f"autograd-groups supports PyTorch 2.11 to 2.15: install one of those releases")
 
-    return refuse
+def _module(name: str) -> types.ModuleType:
+    """The module ``name``, or where this release lacks it an empty one, in which :func:`find`
+    then finds nothing."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return types.ModuleType(name)
 
 
 # torch.func: the transform stack and its wrapped tensors.
-TransformType: Any = _functorch.TransformType
 _FUNC = "a group under torch.func"
-peek_interpreter_stack: Callable[[], Any] = find(_functorch, "peek_interpreter_stack", _FUNC)
-add_batch_dim: Callable[..., torch.Tensor] = find(_functorch, "_add_batch_dim", _FUNC)
-get_unwrapped: Callable[[torch.Tensor], torch.Tensor] = find(_functorch, "get_unwrapped", _FUNC)
-is_batchedtensor: Callable[[torch.Tensor], bool] = find(_functorch, "is_batchedtensor", _FUNC)
+TransformType: Any = find(torch._C, "_functorch.TransformType", _FUNC)
+peek_interpreter_stack: Callable[[], Any] = find(torch._C, "_functorch.peek_interpreter_stack", _FUNC)
+add_batch_dim: Callable[..., torch.Tensor] = find(torch._C, "_functorch._add_batch_dim", _FUNC)
+get_unwrapped: Callable[[torch.Tensor], torch.Tensor] = find(torch._C, "_functorch.get_unwrapped", _FUNC)
+is_batchedtensor: Callable[[torch.Tensor], bool] = find(torch._C, "_functorch.is_batchedtensor", _FUNC)
 is_functorch_wrapped_tensor: Callable[[torch.Tensor], bool] = find(
-    _functorch, "is_functorch_wrapped_tensor", _FUNC)
-maybe_get_bdim: Callable[[torch.Tensor], int] = find(_functorch, "maybe_get_bdim", _FUNC)
-maybe_get_level: Callable[[torch.Tensor], int] = find(_functorch, "maybe_get_level", _FUNC)
+    torch._C, "_functorch.is_functorch_wrapped_tensor", _FUNC)
+maybe_get_bdim: Callable[[torch.Tensor], int] = find(torch._C, "_functorch.maybe_get_bdim", _FUNC)
+maybe_get_level: Callable[[torch.Tensor], int] = find(torch._C, "_functorch.maybe_get_level", _FUNC)
+_pyfunctorch = _module("torch._functorch.pyfunctorch")
+retrieve_all_functorch_interpreters: Callable[[], list[Any]] = find(
+    _pyfunctorch, "retrieve_all_functorch_interpreters", _FUNC)
+temporarily_clear_interpreter_stack: Callable[[], Any] = find(
+    _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
+
+# torch.func.grad's own backward, told apart from Python's frames (sites/levels.py): functorch's
+# grad_and_value_impl calls its _autograd_grad, which calls torch.autograd.grad.
+_GRAD_OWN = "a group with rules under torch.func.grad"
+_transforms = _module("torch._functorch.eager_transforms")
+
+
+def _grad_codes() -> tuple[types.CodeType, types.CodeType] | None:
+    """The code of grad_and_value_impl and of _autograd_grad, where this release has both and the
+    first still calls the second by that name."""
+    impl, inner = (_lookup(_transforms, n) for n in ("grad_and_value_impl", "_autograd_grad"))
+    if not callable(impl) or not callable(inner):
+        return None
+    impl_code, inner_code = inspect.unwrap(impl).__code__, inspect.unwrap(inner).__code__
+    return (impl_code, inner_code) if "_autograd_grad" in impl_code.co_names else None
+
+
+_GRAD_CODES = _grad_codes()
+
+
+def grad_transform_codes() -> tuple[types.CodeType, types.CodeType]:
+    """The code objects of functorch's ``grad_and_value_impl`` and of the ``_autograd_grad`` that
+    it calls to run ``torch.func.grad``'s own backward, found at import.
+
+    >>> [code.co_name for code in grad_transform_codes()]
+    ['grad_and_value_impl', '_autograd_grad']
+    """
+    if _GRAD_CODES is None:
+        raise _refusal(_GRAD_OWN, f"{_transforms.__name__}.grad_and_value_impl calling _autograd_grad")
+    return _GRAD_CODES
+
+
+# Pytrees: no supported release (2.11 to 2.15) has a public torch.utils.pytree.
+_FORWARD = "a group with rules under forward mode (jvp, jacfwd, forward_ad)"
+_pytree = _module("torch.utils._pytree")
+tree_flatten: Callable[[Any], tuple[list[Any], Any]] = find(_pytree, "tree_flatten", _FORWARD)
+tree_unflatten: Callable[[list[Any], Any], Any] = find(_pytree, "tree_unflatten", _FORWARD)
+
+
+def _accumulate_grad_class() -> type:
+    """The class of the node that accumulates into a leaf's ``.grad``, asked of a leaf through the
+    public graph: it holds on every release that has autograd at all."""
+    with torch.inference_mode(False), torch.enable_grad():
+        leaf = torch.empty(0, requires_grad=True)
+        node = leaf.view(0).grad_fn
+        assert node is not None
+        return type(node.next_functions[0][0])
+
 
 # The autograd engine and its generated node classes.
-NODE_CLASSES: Any = torch._C._functions
-ACCUMULATE_GRAD: type = NODE_CLASSES.AccumulateGrad
+NODE_CLASSES: Any = find(torch._C, "_functions", "naming an op in a rule (autograd's node classes)")
+ACCUMULATE_GRAD: type = _accumulate_grad_class()
 _SITES = "a rule site"
 current_graph_task_id: Callable[[], int] = find(torch._C, "_current_graph_task_id", _SITES)
 current_autograd_node: Callable[[], Any] = find(torch._C, "_current_autograd_node", _SITES)
-sequence_nr: Callable[[], int] = find(torch._C._autograd, "_get_sequence_nr", "a group instance")
+sequence_nr: Callable[[], int] = find(torch._C, "_autograd._get_sequence_nr", "a group instance")
 has_storage: Callable[[torch.Tensor], bool] = find(torch._C, "_has_storage", _SITES)
 is_jit_tracing: Callable[[], bool] = find(torch._C, "_is_tracing", "a group under torch.jit.trace")
 
 
 _SAVED = "a rule that reads saved values under saved-tensor hooks"
-_top_saved = find(torch._C._autograd, "_top_saved_tensors_default_hooks", _SAVED)
+_top_saved = find(torch._C, "_autograd._top_saved_tensors_default_hooks", _SAVED)
 push_saved_tensors_hooks: Callable[[Callable[..., Any], Callable[..., Any]], None] = find(
-    torch._C._autograd, "_push_saved_tensors_default_hooks", _SAVED)
+    torch._C, "_autograd._push_saved_tensors_default_hooks", _SAVED)
 pop_saved_tensors_hooks: Callable[[], None] = find(
-    torch._C._autograd, "_pop_saved_tensors_default_hooks", _SAVED)
+    torch._C, "_autograd._pop_saved_tensors_default_hooks", _SAVED)
 
 
 def top_saved_tensors_hooks() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
@@ -161,7 +251,10 @@ def _unstash_by_none(key: str) -> None:
 unstash_from_engine_tls: Callable[[str], None] = getattr(torch._C, "_remove_obj_from_tls", _unstash_by_none)
 
 
-_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_get_dispatch_mode = _lookup(torch._C, "_get_dispatch_mode")
+_FAKE = _lookup(torch._C, "_TorchDispatchModeKey.FAKE")
+# Where a release lacks either, the public flag alone answers: the fake-tensor test is for 2.11.
+_FAKE_READABLE = _get_dispatch_mode is not None and _FAKE is not None
 
 
 def is_compiling() -> bool:
@@ -171,7 +264,7 @@ def is_compiling() -> bool:
     >>> is_compiling()
     False
     """
-    return torch.compiler.is_compiling() or torch._C._get_dispatch_mode(_FAKE) is not None
+    return torch.compiler.is_compiling() or (_FAKE_READABLE and _get_dispatch_mode(_FAKE) is not None)
 
 
 def is_exporting() -> bool:
@@ -228,5 +321,24 @@ def nonstrict_trace(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-#: Keep Dynamo out of a function (it imports Dynamo only when first called, not at decoration).
-disable_dynamo: Callable[[Callable[..., Any]], Callable[..., Any]] = torch._disable_dynamo
+def _disable_when_called(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` kept out of Dynamo by the public ``torch.compiler.disable``, applied at its first call
+    where Dynamo is not imported yet: decorating would import it (see the module's docstring)."""
+    disabled: Callable[..., Any] | None = torch.compiler.disable(fn) if dynamo_imported() else None
+    if disabled is not None:
+        return disabled
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args, **kwargs)
+
+    return call
+
+
+#: Keep Dynamo out of a function (it imports Dynamo only when first called, not at decoration);
+#: the public ``torch.compiler.disable``, applied lazily, where a release lacks the private one.
+disable_dynamo: Callable[[Callable[..., Any]], Callable[..., Any]] = (
+    _lookup(torch, "_disable_dynamo") or _disable_when_called)

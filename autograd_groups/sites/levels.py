@@ -11,8 +11,9 @@ will differentiate it.
 from __future__ import annotations
 
 import contextlib
-import os
+import inspect
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from ..compat import (
     TransformType,
     get_unwrapped,
+    grad_transform_codes,
     is_batchedtensor,
     is_functorch_wrapped_tensor,
     maybe_get_bdim,
@@ -68,8 +70,8 @@ def differentiating_levels() -> list[int]:
     return [PLAIN, *levels]
 
 
-_AUTOGRAD = os.path.join("torch", "autograd", "__init__.py")
-_TRANSFORMS = os.path.join("torch", "_functorch", "eager_transforms.py")
+#: The public entries of a backward pass, as the frames of the thread that started it show them.
+_ENTRIES = frozenset(inspect.unwrap(f).__code__ for f in (torch.autograd.grad, torch.autograd.backward))
 
 
 def _grad_transform_backward() -> bool:
@@ -77,30 +79,38 @@ def _grad_transform_backward() -> bool:
     the function it transforms, rather than one that code inside the transform started.
 
     Read from Python's frames: ``torch.autograd.grad`` called by functorch's ``_autograd_grad``
-    called by ``grad_and_value_impl``. Where the backward runs on another thread than the one that
-    started it (an accelerator's autograd thread), the frames of the threads waiting in a backward
-    are read instead: it is recognised where every one of them is such a backward.
+    called by ``grad_and_value_impl``, matched by their code objects (see
+    :func:`~autograd_groups.compat.grad_transform_codes`). Where the backward runs on another thread
+    than the one that started it (an accelerator's autograd thread), the frames of the threads
+    waiting in a backward are read instead: it is recognised where every one of them is such a
+    backward.
+
+    On a release whose functorch no longer has those two functions, this raises
+    :class:`~autograd_groups.errors.UnsupportedRelease` rather than answer False: False would
+    take ``grad``'s own backward for a differentiated one, and a first derivative would then run
+    the second-order check of every rule that fired and warn of second derivatives that are not
+    there.
     """
-    own = _launched(sys._getframe(1))
+    codes = grad_transform_codes()
+    own = _launched(sys._getframe(1), codes)
     if own is not None:
         return own
     waiting = [found for frame in sys._current_frames().values()
-               if (found := _launched(frame)) is not None]
+               if (found := _launched(frame, codes)) is not None]
     return bool(waiting) and all(waiting)
 
 
-def _launched(frame: Any) -> bool | None:
-    """Whether the backward that ``frame``'s thread started is ``grad``'s own (None: it started none)."""
-    while frame is not None and not (frame.f_code.co_filename.endswith(_AUTOGRAD)
-                                     and frame.f_code.co_name in ("grad", "backward")):
+def _launched(frame: Any, codes: tuple[types.CodeType, types.CodeType]) -> bool | None:
+    """Whether the backward that ``frame``'s thread started is ``grad``'s own, given the ``codes``
+    of ``grad_and_value_impl`` and ``_autograd_grad`` (None: the thread started no backward)."""
+    while frame is not None and frame.f_code not in _ENTRIES:
         frame = frame.f_back
     if frame is None:
         return None
     caller = frame.f_back
     outer = caller.f_back if caller is not None else None
-    return (caller is not None and caller.f_code.co_filename.endswith(_TRANSFORMS)
-            and caller.f_code.co_name == "_autograd_grad" and outer is not None
-            and outer.f_code.co_name == "grad_and_value_impl")
+    return (caller is not None and caller.f_code is codes[1]
+            and outer is not None and outer.f_code is codes[0])
 
 
 def differentiated(value: torch.Tensor, besides: frozenset[int] = frozenset()) -> bool:

@@ -38,7 +38,6 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..compat import (
     TransformType,
@@ -48,6 +47,8 @@ from ..compat import (
     maybe_get_level,
     peek_interpreter_stack,
     retrieve_all_functorch_interpreters,
+    tree_flatten,
+    tree_unflatten,
 )
 from ..compat import add_batch_dim as _add_batch_dim
 from ..errors import GroupError, RuleError
