@@ -4,6 +4,10 @@ the installed release and says clearly where one is missing."""
 from __future__ import annotations
 
 import ast
+import os
+import pkgutil
+import re
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -16,7 +20,15 @@ from autograd_groups import compat
 from autograd_groups.errors import GroupError, UnsupportedRelease
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autograd_groups"
-PRIVATE = ("torch._C", "torch._functorch", "torch._dynamo", "torch._disable_dynamo")
+#: A private name of torch, or of a module under it, as dotted or path text (``torch._C``,
+#: ``torch.utils._pytree``, ``torch/_functorch/eager_transforms.py``).
+PRIVATE_PATH = re.compile(r"\btorch(?:[./\\]\w+)*?[./\\]_(?!_)")
+#: The private modules and names of torch, which a string can name on its own
+#: (``os.path.join("torch", "_functorch", ...)``, ``getattr(torch, "_disable_dynamo")``).
+PRIVATE_PARTS = frozenset(
+    name for name in (*(m.name for m in pkgutil.iter_modules([*torch.__path__, *torch.utils.__path__])),
+                      *dir(torch), *dir(torch.utils))
+    if name.startswith("_") and not name.startswith("__"))
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -29,18 +41,27 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
+def _private_name(name: str | None) -> bool:
+    """Whether a dotted name, or a string without spaces, names something private of torch: prose
+    (a message that mentions ``torch._dynamo.config``) has spaces, a reference has none."""
+    if not name or any(c.isspace() for c in name):
+        return False
+    return bool(PRIVATE_PATH.search(name)) or name in PRIVATE_PARTS
+
+
 def _private_uses(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[str | None] = []
         if isinstance(node, ast.Attribute):
             names = [_dotted(node)]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        found += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in names
-                  if name and name.startswith(PRIVATE)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        found += [f"{path.relative_to(root)}:{node.lineno}: {name}" for name in names if _private_name(name)]
     return found
 
 
@@ -53,11 +74,23 @@ def test_private_torch_names_only_in_compat() -> None:
 def test_the_scan_sees_a_private_use(tmp_path: Path) -> None:
     """The check above can fail: it finds each form of a private reference, and no prose."""
     sample = tmp_path / "sample.py"
-    sample.write_text("import torch\nfrom torch._C._functorch import peek_interpreter_stack\n"
-                      "import torch._dynamo\nx = torch._C._current_graph_task_id()\n"
-                      "y = 'torch._C in a string is prose'\n")
-    found = {use.split(": ")[1] for use in _private_uses(sample, tmp_path)}
-    assert found == {"torch._C._functorch", "torch._dynamo", "torch._C", "torch._C._current_graph_task_id"}
+    sample.write_text(
+        "import os, sys, torch\nfrom torch._C._functorch import peek_interpreter_stack\n"
+        "import torch._dynamo\nx = torch._C._current_graph_task_id()\n"
+        "from torch.utils._pytree import tree_flatten\nimport torch.utils._pytree\n"
+        "from torch import _dynamo\nflag = torch.compiler._is_exporting_flag\n"
+        "path = os.path.join('torch', '_functorch', 'eager_transforms.py')\n"
+        "where = 'torch/_functorch/eager_transforms.py'\nloaded = sys.modules['torch._dynamo']\n"
+        "off = getattr(torch, '_disable_dynamo')\n"
+        "y = 'torch._C in a string is prose'\nz = 'torch.utils.checkpoint is public, _x is not torch'\n"
+        "public = os.path.join('torch', 'autograd', '__init__.py')\n")
+    uses = _private_uses(sample, tmp_path)
+    assert {int(use.split(":")[1]) for use in uses} == set(range(2, 13))  # each reference, no prose
+    assert {use.split(": ")[1] for use in uses} == {
+        "torch._C._functorch", "torch._C._functorch.peek_interpreter_stack", "torch._dynamo",
+        "torch._C", "torch._C._current_graph_task_id", "torch.utils._pytree",
+        "torch.utils._pytree.tree_flatten", "torch.compiler._is_exporting_flag", "_functorch",
+        "torch/_functorch/eager_transforms.py", "_disable_dynamo"}
 
 
 def test_a_missing_internal_raises_naming_feature_and_release() -> None:
@@ -128,3 +161,62 @@ def test_backward_scope_in_threads_that_exit() -> None:
     assert len(after) == 8
     for grad in after:
         torch.testing.assert_close(grad, expected)
+
+
+def test_accumulate_grad_read_through_the_public_graph() -> None:
+    assert compat.ACCUMULATE_GRAD is torch._C._functions.AccumulateGrad
+
+
+def test_grad_transform_codes_are_functorch_own() -> None:
+    from torch._functorch import eager_transforms
+
+    impl, inner = compat.grad_transform_codes()
+    assert impl is eager_transforms.grad_and_value_impl.__wrapped__.__code__
+    assert inner is eager_transforms._autograd_grad.__code__
+
+
+def test_disable_when_called_keeps_dynamo_out() -> None:
+    """The public fallback of disable_dynamo: the function runs eagerly inside a compiled one."""
+    seen: list[bool] = []
+
+    def eager(x: torch.Tensor) -> torch.Tensor:
+        seen.append(torch.compiler.is_compiling())
+        return x + 1
+
+    disabled = compat._disable_when_called(eager)
+    compiled = torch.compile(lambda x: disabled(x) * 2, backend="eager", fullgraph=False)
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 4.0))
+    assert seen == [False]
+
+
+_WITHOUT_INTERNALS = """
+import torch, torch._functorch.eager_transforms as eager_transforms
+for owner, name in [(torch, "_disable_dynamo"), (torch._C, "_TorchDispatchModeKey"),
+                    (torch._C._functorch, "TransformType"), (eager_transforms, "_autograd_grad")]:
+    delattr(owner, name)
+import autograd_groups as ag
+from autograd_groups import compat
+assert compat.disable_dynamo is compat._disable_when_called and not compat.is_compiling()
+for missing in (lambda: compat.TransformType.Grad, compat.grad_transform_codes):
+    try:
+        missing()
+    except ag.UnsupportedRelease as e:
+        print(e)
+x = torch.tensor([[0.0, 1.0], [0.0, 1.0]], requires_grad=True)
+ag.ops.cdist(x, x).sum().backward()
+print(torch.isfinite(x.grad).all().item())
+"""
+
+
+def test_a_release_without_some_internals_still_imports() -> None:
+    """A release that lacks a detected name imports the package, uses the public equivalent where
+    there is one, and refuses by name only the feature that needs the name."""
+    ran = subprocess.run([sys.executable, "-c", _WITHOUT_INTERNALS], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("a group under torch.func needs torch._C._functorch.TransformType.Grad")
+    assert lines[1].startswith("a group with rules under torch.func.grad needs "
+                               "torch._functorch.eager_transforms.grad_and_value_impl calling _autograd_grad")
+    assert all(f"PyTorch {torch.__version__} does not have" in line for line in lines[:2])
+    assert lines[2] == "True"
