@@ -81,16 +81,23 @@ def _error(x: torch.Tensor, ref: torch.Tensor, where: torch.Tensor, eps: float) 
     return float(((x - ref).abs() / scale.clamp_min(torch.finfo(torch.float64).tiny)).max()) / eps
 
 
-def compare(case: Case, device: torch.device, autocast_dtype: torch.dtype,
-            inputs_dtype: torch.dtype) -> Result:
-    """``case`` under ``torch.autocast(device.type, autocast_dtype)``, inputs in ``inputs_dtype``."""
+def compare(case: Case, device: torch.device, autocast_dtype: torch.dtype | None,
+            inputs_dtype: torch.dtype, widened: tuple[int, ...] = ()) -> Result:
+    """``case`` under ``torch.autocast(device.type, autocast_dtype)`` (None: outside autocast),
+    inputs in ``inputs_dtype`` but the arguments at the positions ``widened``, cast to float32
+    after they are made (exactly, so the special points stay): operands of two dtypes."""
     made = case.make(inputs_dtype, torch.Generator().manual_seed(0))
+    made = tuple(a.float() if i in widened else a for i, a in enumerate(made))
     args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in made)
     result = Result(case.id)
     try:
         natives = _run(case, args, device.type, autocast_dtype, native=True)
     except NotImplementedError:  # no kernel for this dtype on this device
         return result
+    except RuntimeError:
+        if not widened:
+            raise
+        return result  # torch.cdist refuses operands of two dtypes outside autocast
     ours = _run(case, args, device.type, autocast_dtype, native=False)
     refs = _run(case, tuple(a.float() if isinstance(a, torch.Tensor) else a for a in args), device.type, None,
                 native=True)

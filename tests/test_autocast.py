@@ -2,6 +2,9 @@
 gradients as close to the float32 result as native's own (scripts/autocast_check.py runs the same
 comparison on a GPU).
 
+Operands of two dtypes (bfloat16 or float16 beside float32) are checked the same way, with and
+without autocast: native promotes them to ``torch.result_type`` and computes there.
+
 What native does is asked of the running release, never written down here: the expected dtype is
 the native op's under the same autocast, and the tolerance is native's own error there.
 """
@@ -37,6 +40,34 @@ def test_autocast_follows_the_native_op(case: Case, autocast_dtype: torch.dtype,
     if result.native_dtype is None:
         pytest.skip(f"native {case.id} has no {dtype} kernel on the CPU")
     assert result.failures == [], "\n".join(result.failures)
+
+
+def _tensor_arguments(case: Case) -> int:
+    made = case.make(torch.float32, torch.Generator().manual_seed(0))
+    return sum(isinstance(a, torch.Tensor) for a in made)
+
+
+#: The cases with two tensor operands (always the first two arguments).
+TWO_OPERANDS = [case for case in AUTOCAST_CASES if _tensor_arguments(case) == 2]
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=["eager", "autocast"])
+@pytest.mark.parametrize("widened", [(0,), (1,)], ids=["float32-first", "float32-second"])
+@pytest.mark.parametrize("low", LOW, ids=str)
+@pytest.mark.parametrize("case", TWO_OPERANDS, ids=lambda c: c.id)
+def test_operands_of_two_dtypes_follow_the_native_op(case: Case, low: torch.dtype, widened: tuple[int],
+                                                     autocast_dtype: torch.dtype | None) -> None:
+    """The issue's failures: ops.pow took the bfloat16 base's log before promoting (1.5e-2 off
+    native), ops.atan2 rounded pi/2 to bfloat16 for a bfloat16 y (9.7e-4 off)."""
+    result = compare(case, torch.device("cpu"), autocast_dtype, low, widened)
+    if result.native_dtype is None:
+        pytest.skip(f"native {case.id} refuses {low} beside float32 here")
+    assert result.failures == [], "\n".join(result.failures)
+
+
+def test_every_two_operand_builtin_is_checked_with_two_dtypes() -> None:
+    covered = {case.ours.__autograd_group__ for case in TWO_OPERANDS}  # type: ignore[attr-defined]
+    assert covered == {"ops.cdist", "ops.dist", "ops.cosine_similarity", "ops.pow", "ops.atan2", "ops.xlogy"}
 
 
 def test_every_builtin_has_an_autocast_case() -> None:

@@ -22,15 +22,24 @@ Operand = torch.Tensor | float
 
 
 def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands as tensors, a Python number taking the other's dtype and device (filled there:
-    ``torch.as_tensor`` would copy it from the host, which waits for an accelerator)."""
+    """Both operands as tensors of the dtype the native op computes in (:func:`_promoted`), a
+    Python number filled on the other's device (``torch.as_tensor`` would copy it from the host,
+    which waits for an accelerator)."""
     if not isinstance(a, torch.Tensor):
         if not isinstance(b, torch.Tensor):
             raise TypeError(f"expected at least one tensor, got {type(a).__name__} and {type(b).__name__}")
-        a = torch.full((), a, dtype=b.dtype, device=b.device)
+        a = torch.full((), a, dtype=torch.result_type(b, a), device=b.device)
     if not isinstance(b, torch.Tensor):
-        b = torch.full((), b, dtype=a.dtype, device=a.device)
-    return a, b
+        b = torch.full((), b, dtype=torch.result_type(a, b), device=a.device)
+    return _promoted(a, b)
+
+
+def _promoted(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both tensors in ``torch.result_type(a, b)``: a native binary op computes in that dtype, so
+    a bfloat16 operand beside a float32 one must not take a ``log`` or meet a constant in bfloat16
+    first. The casts' backward hands each operand its gradient in its own dtype, as native's."""
+    dtype = torch.result_type(a, b)
+    return a.to(dtype), b.to(dtype)
 
 
 def _may_read(x: torch.Tensor) -> bool:
@@ -143,7 +152,7 @@ def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     >>> y.grad, x.grad
     (tensor([0., 0.]), tensor([-0., -1.]))
     """
-    y, x = input, other
+    y, x = _promoted(input, other)
     quotient = y / x
     with torch.no_grad():
         # pi * sign(y) where x < 0, as pi/2 * sign(y) * (1 - sign(x)): factors, not a select or a
@@ -182,7 +191,7 @@ def atan2_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Ten
     """``ops.atan2``'s replacement backward when :func:`near_the_y_axis` fires: ``atan2_backward``
     of PyTorch's ``FunctionsManual.cpp``, ``grad * (x, -y) / (x**2 + y**2)``, 0 where that
     denominator is 0 (the origin, and points so close to it that the squares underflow)."""
-    y, x = ctx.arguments["input"], ctx.arguments["other"]
+    y, x = _promoted(ctx.arguments["input"], ctx.arguments["other"])
     squares = x * x + y * y
     zero = squares == 0
     # A double where: 1 / 0 in the unselected branch would be NaN in the next derivative. The
