@@ -25,6 +25,21 @@ def test_values_and_gradients_equal_the_native_op(case: Case, dtype: torch.dtype
         torch.testing.assert_close(mine, theirs, equal_nan=True, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_the_forward_runs_on_the_meta_device_as_native(case: Case, dtype: torch.dtype) -> None:
+    """Shapes without data (model initialisation, shape inference): the autocast policy asked
+    torch.is_autocast_enabled("meta"), which raises, before any built-in ran."""
+    args = tuple(a.detach().to("meta").requires_grad_() if isinstance(a, torch.Tensor) else a
+                 for a in inputs(case, dtype))
+    try:
+        native = case.native(*args, **case.kwargs)
+    except (NotImplementedError, RuntimeError) as error:
+        pytest.skip(f"native {case.id} does not run on meta: {error}")
+    ours = case.ours(*args, **case.kwargs)
+    assert (ours.device, ours.shape, ours.dtype) == (native.device, native.shape, native.dtype)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_special_cases_off_is_exactly_the_plain_composite(case: Case) -> None:
     plain = case.ours.__wrapped__  # type: ignore[attr-defined]

@@ -38,8 +38,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def autocast_policy(*, cpu: Policy, cuda: Policy) -> Callable[[F], F]:
     """Run the decorated group under its native op's autocast policy on the ``cpu`` and ``cuda``.
 
-    Outside autocast (for the arguments' device type) the group is called unchanged. The
-    policies are kept as ``__autocast_policy__``; ``__wrapped__`` stays the plain composite.
+    Outside autocast (for the arguments' device type), and on a device type without autocast
+    (``meta``), the group is called unchanged. The policies are kept as ``__autocast_policy__``;
+    ``__wrapped__`` stays the plain composite.
 
     >>> import torch, autograd_groups as ag
     >>> @autocast_policy(cpu="fp32", cuda="fp32")
@@ -58,7 +59,10 @@ def autocast_policy(*, cpu: Policy, cuda: Policy) -> Callable[[F], F]:
         @functools.wraps(group)
         def in_policy(*args: Any, **kwargs: Any) -> Any:
             device = _device_type(args, kwargs)
-            if device is None or not torch.is_autocast_enabled(device):
+            # torch.is_autocast_enabled raises for a device type autocast does not know (meta),
+            # where the native ops run: there is no policy to follow.
+            if (device is None or not torch.amp.is_autocast_available(device)
+                    or not torch.is_autocast_enabled(device)):
                 return group(*args, **kwargs)
             cast = _caster(cpu if device == "cpu" else cuda, device, args, kwargs)
             with torch.autocast(device, enabled=False):
