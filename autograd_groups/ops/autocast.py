@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from .. import compat
 from ..groups import lifecycle
 
 Policy = Literal["fp32", "promote", "fallthrough"]
@@ -60,8 +61,9 @@ def autocast_policy(*, cpu: Policy, cuda: Policy) -> Callable[[F], F]:
         def in_policy(*args: Any, **kwargs: Any) -> Any:
             device = _device_type(args, kwargs)
             # torch.is_autocast_enabled raises for a device type autocast does not know (meta),
-            # where the native ops run: there is no policy to follow.
-            if (device is None or not torch.amp.is_autocast_available(device)
+            # where the native ops run: there is no policy to follow. Dynamo (2.11) cannot trace
+            # the availability check, and compiles for real devices only.
+            if (device is None or not (compat.is_compiling() or torch.amp.is_autocast_available(device))
                     or not torch.is_autocast_enabled(device)):
                 return group(*args, **kwargs)
             cast = _caster(cpu if device == "cpu" else cuda, device, args, kwargs)
