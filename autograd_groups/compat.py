@@ -24,18 +24,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from .errors import UnsupportedRelease
 
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
-    "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dynamo_imported", "find",
-    "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage", "is_batchedtensor",
+    "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
+    "find", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage", "is_batchedtensor",
     "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
     "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks",
     "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "sequence_nr",
-    "stash_in_engine_tls", "stashed_in_engine_tls", "temporarily_clear_interpreter_stack",
-    "top_saved_tensors_hooks", "tree_flatten", "tree_unflatten", "unstash_from_engine_tls",
+    "set_fwd_grad_enabled", "stash_in_engine_tls", "stashed_in_engine_tls",
+    "temporarily_clear_interpreter_stack", "top_saved_tensors_hooks", "tree_flatten", "tree_unflatten",
+    "unstash_from_engine_tls",
 ]
 
 
@@ -161,6 +163,29 @@ def _accumulate_grad_class() -> type:
         node = leaf.view(0).grad_fn
         assert node is not None
         return type(node.next_functions[0][0])
+
+
+# Forward mode: the dual level open now (a module global of forward_ad, so read at each call) and
+# the context that turns forward AD back on inside a Function's jvp.
+set_fwd_grad_enabled: Callable[[bool], Any] = find(forward_ad, "_set_fwd_grad_enabled", _FORWARD)
+
+
+def dual_level() -> int:
+    """The innermost ``forward_ad`` dual level open now, -1 where none is.
+
+    On a release without ``forward_ad._current_level`` every dual level reads as closed: there a
+    group's rules do not correct the tangents of a ``forward_ad`` dual level (those of
+    ``torch.func``'s jvp transforms, found on the transform stack, still are), which then carry
+    the plain composite's NaN, never another number.
+
+    >>> import torch.autograd.forward_ad as fwAD
+    >>> with fwAD.dual_level():
+    ...     dual_level()
+    0
+    >>> dual_level()
+    -1
+    """
+    return getattr(forward_ad, "_current_level", -1)
 
 
 # The autograd engine and its generated node classes.

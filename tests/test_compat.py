@@ -49,12 +49,33 @@ def _private_name(name: str | None) -> bool:
     return bool(PRIVATE_PATH.search(name)) or name in PRIVATE_PARTS
 
 
+def _aliases(tree: ast.AST) -> dict[str, str]:
+    """The names a module binds to torch's modules: ``fa`` of ``import torch.autograd.forward_ad as
+    fa``, ``forward_ad`` of ``from torch.autograd import forward_ad``."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {a.asname: a.name for a in node.names if a.asname and a.name.startswith("torch.")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+            bound |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+    return bound
+
+
+def _resolved(name: str | None, aliases: dict[str, str]) -> str | None:
+    if name is None:
+        return None
+    head, _, rest = name.partition(".")
+    return f"{aliases[head]}.{rest}" if head in aliases and rest else name
+
+
 def _private_uses(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    aliases = _aliases(tree)
+    for node in ast.walk(tree):
         names: list[str | None] = []
         if isinstance(node, ast.Attribute):
-            names = [_dotted(node)]
+            names = [_resolved(_dotted(node), aliases)]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
         elif isinstance(node, ast.Import):
@@ -83,14 +104,18 @@ def test_the_scan_sees_a_private_use(tmp_path: Path) -> None:
         "where = 'torch/_functorch/eager_transforms.py'\nloaded = sys.modules['torch._dynamo']\n"
         "off = getattr(torch, '_disable_dynamo')\n"
         "y = 'torch._C in a string is prose'\nz = 'torch.utils.checkpoint is public, _x is not torch'\n"
-        "public = os.path.join('torch', 'autograd', '__init__.py')\n")
+        "public = os.path.join('torch', 'autograd', '__init__.py')\n"
+        "import torch.autograd.forward_ad as fa\nfrom torch.autograd import forward_ad\n"
+        "level = fa._current_level + forward_ad._current_level + fa.dual_level().__enter__()\n")
     uses = _private_uses(sample, tmp_path)
-    assert {int(use.split(":")[1]) for use in uses} == set(range(2, 13))  # each reference, no prose
+    # each reference, no prose and no public name of a module bound to a name of its own
+    assert {int(use.split(":")[1]) for use in uses} == {*range(2, 13), 18}
     assert {use.split(": ")[1] for use in uses} == {
         "torch._C._functorch", "torch._C._functorch.peek_interpreter_stack", "torch._dynamo",
         "torch._C", "torch._C._current_graph_task_id", "torch.utils._pytree",
         "torch.utils._pytree.tree_flatten", "torch.compiler._is_exporting_flag", "_functorch",
-        "torch/_functorch/eager_transforms.py", "_disable_dynamo"}
+        "torch/_functorch/eager_transforms.py", "_disable_dynamo",
+        "torch.autograd.forward_ad._current_level"}
 
 
 def test_a_missing_internal_raises_naming_feature_and_release() -> None:
@@ -161,6 +186,14 @@ def test_backward_scope_in_threads_that_exit() -> None:
     assert len(after) == 8
     for grad in after:
         torch.testing.assert_close(grad, expected)
+
+
+def test_the_dual_level_is_read_on_this_release() -> None:
+    """The table in docs/reliability.md says every supported release has it."""
+    assert isinstance(torch.autograd.forward_ad._current_level, int)
+    with torch.autograd.forward_ad.dual_level():
+        assert compat.dual_level() == 0
+    assert compat.dual_level() == -1
 
 
 def test_accumulate_grad_read_through_the_public_graph() -> None:

@@ -41,12 +41,14 @@ import torch.autograd.forward_ad as forward_ad
 
 from ..compat import (
     TransformType,
+    dual_level,
     get_unwrapped,
     is_batchedtensor,
     maybe_get_bdim,
     maybe_get_level,
     peek_interpreter_stack,
     retrieve_all_functorch_interpreters,
+    set_fwd_grad_enabled,
     tree_flatten,
     tree_unflatten,
 )
@@ -76,7 +78,7 @@ def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = 
     >>> active((torch.ones(2),))
     False
     """
-    if forward_ad._current_level >= 0 and (args is None or any(
+    if dual_level() >= 0 and (args is None or any(
             isinstance(t, torch.Tensor) and _dual(t) for t in (*args, *(kwargs or {}).values()))):
         return True
     if peek_interpreter_stack() is None:
@@ -105,7 +107,7 @@ def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> boo
     >>> wanted((torch.ones(2),), {}, override=False)
     False
     """
-    if forward_ad._current_level < 0 and peek_interpreter_stack() is None:  # the usual call
+    if dual_level() < 0 and peek_interpreter_stack() is None:  # the usual call
         return False
     if running():
         return False
@@ -298,7 +300,7 @@ def _forward_mode_around(inner: bool = False) -> bool:
     """Whether a forward-mode level (a ``torch.func`` jvp transform, a ``forward_ad`` dual level)
     will differentiate what this thread computes now; but the innermost jvp transform, whose jvp
     is running, where ``inner``."""
-    if not inner and forward_ad._current_level >= 0:  # torch.func's jvp opens a dual level too
+    if not inner and dual_level() >= 0:  # torch.func's jvp opens a dual level too
         return True
     top = peek_interpreter_stack()
     if top is None:
@@ -351,7 +353,7 @@ class _Transposed(torch.autograd.Function):
         # forward-mode transform would see the tangents as constants (pytorch/pytorch#197867).
         # Turned back on, it differentiates them; the inputs' primals carry no tangent of this
         # level, so this level records nothing of its own.
-        with forward_ad._set_fwd_grad_enabled(True), _inside(transposing=True):
+        with set_fwd_grad_enabled(True), _inside(transposing=True):
             primals = tuple(_primal(x) for x in ctx.saved_tensors)
             units = tuple(torch.ones_like(t) for t in ctx.outputs)
             return _derivative(call, tangent, (*primals, *tangents, *units), _forward_mode_around(inner=True))
@@ -392,7 +394,7 @@ def _varies(t: torch.Tensor) -> bool:
     tensor, or one that requires grad. Any other is a constant of the call: as an input of the
     Function, functorch would give it a zero tangent, and ``0 * inf`` (``x / y`` of xlogy at
     ``x = y = 0``) would turn the rows it meets into NaN."""
-    return t.requires_grad or maybe_get_level(t) != -1 or (forward_ad._current_level >= 0 and _dual(t))
+    return t.requires_grad or maybe_get_level(t) != -1 or (dual_level() >= 0 and _dual(t))
 
 
 def _dual(t: torch.Tensor) -> bool:
