@@ -1,7 +1,7 @@
 """Issue 28 §1: ``SecondOrderWarning`` is absent where the result is exact and present where it is
-wrong, in eager ``create_graph``, ``torch.func.hessian`` and ``jacrev(jacrev)``; never in first-order
-code. Exact values are analytic or ``torch.linalg.matrix_exp``'s; the library's warnings are errors
-where a result is exact."""
+wrong, in eager ``create_graph`` and every composition of ``jacfwd`` and ``jacrev`` (``hessian``
+is ``jacfwd(jacrev)``); never in first-order code. Exact values are analytic or
+``torch.linalg.matrix_exp``'s; the library's warnings are errors where a result is exact."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import trust_cases as tc
-from torch.func import grad, hessian, jacrev, vmap
+from torch.func import grad, hessian, jacfwd, jacrev, vmap
 
 import autograd_groups as ag
 
@@ -33,7 +33,9 @@ def _create_graph(f: Fn) -> Fn:
 
 
 MODES: dict[str, Callable[[Fn], Fn]] = {"create_graph": _create_graph, "hessian": hessian,
-                                        "jacrev(jacrev)": lambda f: jacrev(jacrev(f))}
+                                        "jacrev(jacrev)": lambda f: jacrev(jacrev(f)),
+                                        "jacrev(jacfwd)": lambda f: jacrev(jacfwd(f)),
+                                        "jacfwd(jacfwd)": lambda f: jacfwd(jacfwd(f))}
 
 
 def exact(run: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -167,16 +167,17 @@ class autograd_group:
         defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
-                override: bool = True, call: tuple[tuple[Any, ...], dict[str, Any]] | None = None) -> Any:
+                override: bool = True, call: second_order.Call | None = None) -> Any:
             instance = open_instance(name, enabled, where)
             if instance is None:
                 return fn(*args, **kwargs)
             # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
-            # which all require grad): what a check of a second derivative re-runs the group on.
-            # For the check of a second derivative through a subgradient or NaN-safe rule (an
-            # override's is its own); a compiled graph's group is not re-run.
+            # which all require grad, and ``call`` is the caller's): what a check of a second
+            # derivative re-runs the group on. For the check of a second derivative through a
+            # subgradient or NaN-safe rule (an override's is its own); a compiled graph's group is
+            # not re-run.
             if (instance.rules.subgradients or instance.rules.nan_safe) and not torch.compiler.is_compiling():
-                instance.call = second_order.remember(fn, *(call or (args, kwargs)))
+                instance.call = call or second_order.remember(fn, args, kwargs)
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs)
             if instance.rules.override is not None and override:
@@ -214,13 +215,16 @@ class autograd_group:
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             enabled = flag.enabled_for(name)
             if enabled and registry.has_rules(name):
-                override = registry.ruleset(name).override
-                if tangents.wanted(args, kwargs, override is not None):
+                rules = registry.ruleset(name)
+                if tangents.wanted(args, kwargs, rules.override is not None):
                     where = caller(2)
+                    # Kept here, at the caller's levels: inside the transpose its forward-mode
+                    # levels are hidden, and with them which arguments carry a tangent.
+                    kept = (second_order.remember(fn, args, kwargs)
+                            if rules.subgradients or rules.nan_safe else None)
                     return tangents.run(name, where, fn,
-                                        lambda a, k: run(a, k, enabled, where, override=False,
-                                                         call=(args, kwargs)), args,
-                                        kwargs, override, context)
+                                        lambda a, k: run(a, k, enabled, where, override=False, call=kept),
+                                        args, kwargs, rules.override, context)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 from ..compat import (
     TransformType,
@@ -178,19 +179,41 @@ def _grad_levels(interpreters: list[Any]) -> list[int]:
 
 
 def unwrapped(value: torch.Tensor) -> tuple[torch.Tensor | None, bool]:
-    """``value`` without its torch.func wrappers, and whether it requires grad at some level; None
-    for the tensor where a wrapper is a vmap batch (its entries are not one value).
+    """``value`` without its torch.func wrappers, and whether some level differentiates it: it
+    requires grad at a grad level, or it is lifted into a forward-mode level (``jvp``, ``jacfwd``)
+    with a tangent; None for the tensor where a wrapper is a vmap batch (its entries are not one
+    value).
+
+    A tangent is seen at the innermost level only: at an outer forward-mode level every tensor
+    lifted into it counts, one detached there included.
 
     >>> import torch
     >>> seen = []
     >>> _ = torch.func.grad(lambda x: seen.append(unwrapped(x)) or x.sum())(torch.ones(2))
     >>> seen[0][0].requires_grad, seen[0][1]
     (False, True)
+    >>> _ = torch.func.jacfwd(lambda x: seen.append(unwrapped(x)) or x.sum())(torch.ones(2))
+    >>> seen[1][1]
+    True
     """
     wanted = value.requires_grad
+    forward: dict[int, bool] | None = None
     while is_functorch_wrapped_tensor(value):
         if is_batchedtensor(value):
             return None, wanted
+        if not wanted:
+            forward = _forward_levels() if forward is None else forward
+            level = maybe_get_level(value)
+            wanted = level in forward and (not forward[level] or forward_ad.unpack_dual(value).tangent
+                                           is not None)
         value = get_unwrapped(value)
         wanted = wanted or value.requires_grad
     return value, wanted
+
+
+def _forward_levels() -> dict[int, bool]:
+    """The forward-mode levels open now, each with whether it is the innermost level (where a
+    wrapper's tangent can be read)."""
+    interpreters = retrieve_all_functorch_interpreters()
+    innermost = interpreters[-1].level() if interpreters else None
+    return {i.level(): i.level() == innermost for i in interpreters if i.key() == TransformType.Jvp}
