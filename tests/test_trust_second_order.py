@@ -1,6 +1,6 @@
 """Issue 28 §1: ``SecondOrderWarning`` is absent where the result is exact and present where it is
-wrong, in eager ``create_graph`` and every composition of ``jacfwd`` and ``jacrev`` (``hessian``
-is ``jacfwd(jacrev)``); never in first-order code. Exact values are analytic or
+wrong, in eager ``create_graph``, every composition of ``jacfwd`` and ``jacrev`` (``hessian`` is
+``jacfwd(jacrev)``) and ``jvp`` of ``jvp``; never in first-order code. Exact values are analytic or
 ``torch.linalg.matrix_exp``'s; the library's warnings are errors where a result is exact."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import trust_cases as tc
-from torch.func import grad, hessian, jacfwd, jacrev, vmap
+from torch.func import grad, hessian, jacfwd, jacrev, jvp, vmap
 
 import autograd_groups as ag
 
@@ -32,10 +32,21 @@ def _create_graph(f: Fn) -> Fn:
     return run
 
 
+def _jvp_of_jvp(f: Fn) -> Fn:
+    """The Hessian of a scalar ``f``, entry by entry: ``jvp`` of ``jvp`` along two basis vectors."""
+    def run(x: torch.Tensor) -> torch.Tensor:
+        basis = torch.eye(x.numel(), dtype=x.dtype).reshape(-1, *x.shape)
+        rows = [torch.stack([jvp(lambda y, e=e: jvp(f, (y,), (e,))[1], (x,), (d,))[1] for e in basis])
+                for d in basis]
+        return torch.stack(rows).reshape(*x.shape, *x.shape)
+    return run
+
+
 MODES: dict[str, Callable[[Fn], Fn]] = {"create_graph": _create_graph, "hessian": hessian,
                                         "jacrev(jacrev)": lambda f: jacrev(jacrev(f)),
                                         "jacrev(jacfwd)": lambda f: jacrev(jacfwd(f)),
-                                        "jacfwd(jacfwd)": lambda f: jacfwd(jacfwd(f))}
+                                        "jacfwd(jacfwd)": lambda f: jacfwd(jacfwd(f)),
+                                        "jvp(jvp)": _jvp_of_jvp}
 
 
 def exact(run: Callable[[], torch.Tensor]) -> torch.Tensor:
