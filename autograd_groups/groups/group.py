@@ -215,16 +215,15 @@ class autograd_group:
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             enabled = flag.enabled_for(name)
             if enabled and registry.has_rules(name):
-                rules = registry.ruleset(name)
-                if tangents.wanted(args, kwargs, rules.override is not None):
+                override = registry.ruleset(name).override
+                if tangents.wanted(args, kwargs, override is not None):
                     where = caller(2)
                     # Kept here, at the caller's levels: inside the transpose its forward-mode
                     # levels are hidden, and with them which arguments carry a tangent.
-                    kept = (second_order.remember(fn, args, kwargs)
-                            if rules.subgradients or rules.nan_safe else None)
+                    kept = second_order.remember(fn, args, kwargs)
                     return tangents.run(name, where, fn,
                                         lambda a, k: run(a, k, enabled, where, override=False, call=kept),
-                                        args, kwargs, rules.override, context)
+                                        args, kwargs, override, context)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:

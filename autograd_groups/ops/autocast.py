@@ -29,7 +29,6 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from .. import compat
 from ..groups import lifecycle
 
 Policy = Literal["fp32", "promote", "fallthrough"]
@@ -60,11 +59,7 @@ def autocast_policy(*, cpu: Policy, cuda: Policy) -> Callable[[F], F]:
         @functools.wraps(group)
         def in_policy(*args: Any, **kwargs: Any) -> Any:
             device = _device_type(args, kwargs)
-            # torch.is_autocast_enabled raises for a device type autocast does not know (meta),
-            # where the native ops run: there is no policy to follow. Dynamo (2.11) cannot trace
-            # the availability check, and compiles for real devices only.
-            if (device is None or not (compat.is_compiling() or torch.amp.is_autocast_available(device))
-                    or not torch.is_autocast_enabled(device)):
+            if device is None or not _autocasting(device):
                 return group(*args, **kwargs)
             cast = _caster(cpu if device == "cpu" else cuda, device, args, kwargs)
             with torch.autocast(device, enabled=False):
@@ -84,6 +79,17 @@ def _device_type(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         if isinstance(a, torch.Tensor):
             return a.device.type
     return None
+
+
+def _autocasting(device: str) -> bool:
+    """Whether autocast is on for ``device``; off on a device type autocast does not know (meta),
+    for which ``torch.is_autocast_enabled`` raises and the native ops run as they are. Asked this
+    way, not with ``torch.amp.is_autocast_available`` first: that is one more call per built-in,
+    and torch 2.11's Dynamo cannot trace it."""
+    try:
+        return torch.is_autocast_enabled(device)
+    except RuntimeError:
+        return False
 
 
 def _eligible(a: Any, device: str) -> bool:

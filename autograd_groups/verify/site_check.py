@@ -64,7 +64,7 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
             # A second derivative with respect to empty inputs has no element to be wrong.
             return Verdict(CONSISTENT)
         fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
-                             instance.where, None if index is None else frozenset([index]))
+                             instance.where, index)
         row = verify.check_point(point, [fired], 2, by_id=False)[0]
     if row.status == CONSISTENT:
         return Verdict(CONSISTENT)

@@ -42,15 +42,15 @@ MAX_INSTANCES = 5
 @dataclass
 class Fired:
     """A rule that fired in a recorded instance: at how many elements (for an override, how many
-    times), at which ops, and where the instance was created; ``sites``, the rule sites (members of
-    the instance, ``SiteHook.index``) to check it at, or None for all."""
+    times), at which ops, and where the instance was created; ``site``, the rule site (a member of
+    the instance, ``SiteHook.index``) to check it at, or None for all of them."""
 
     instance: GroupInstance
     rule: Rule
     changed: int
     ops: str
     where: str
-    sites: frozenset[int] | None = None
+    site: int | None = None
 
 
 def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: int = MAX_INSTANCES,
@@ -316,14 +316,14 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
 
 def _reached(f: Fired, instance: GroupInstance, at: AtPoint) -> torch.Tensor | None:
     """The input-gradient elements ``f``'s rule reaches in ``instance`` of the point's run, from
-    ``f.sites``; None if it did not fire there."""
+    ``f.site``; None if it did not fire there."""
     rule = f.rule
     if isinstance(rule, Override):  # the whole gradient is the replacement's, NaN included
         return torch.ones_like(at.nan) if instance.hits.get(rule.label) else None
     sites = at.recorder.sites.get((id(instance), rule.label))
-    if sites and f.sites is not None:
+    if sites and f.site is not None:
         # A run that walked the group otherwise (other members) is checked at all its sites.
-        sites = [s for s in sites if s.index in f.sites] or sites
+        sites = [s for s in sites if s.index == f.site] or sites
     # A NaN elsewhere in the rules' gradient hides whether the rule's elements reach it.
     return at.reach(sites) & ~at.nan if sites else None
 
