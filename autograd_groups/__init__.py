@@ -5,6 +5,7 @@
 True
 """
 
+from .doctor.inprocess import doctor
 from .errors import (
     ExpressionError,
     GroupError,
@@ -36,7 +37,7 @@ __all__ = [
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
-    "__version__", "Report", "Row", "verify", "UnsupportedRelease",
+    "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor",
 ]
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import __version__
+from .doctor import cli as doctor_cli
 from .spec import cli as spec_cli
 from .verify import cli as verify_cli
 from .viz import cli as viz_cli
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_cli.register(commands)
     viz_cli.register(commands)
     verify_cli.register(commands)
+    doctor_cli.register(commands)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown = " ".join(extra)

@@ -1,0 +1,129 @@
+"""Running the user's script under the doctor: once to watch, again to replay the bad step with the
+instruments on, and once per proposed fix to check it.
+
+Each run starts from the same random state (torch's, Python's and NumPy's), so that a seeded or
+unseeded script makes the same steps again; a compiled function runs eagerly in a replay
+(``torch.compiler.set_stance("force_eager")``), where autograd nodes can be hooked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..script import Exit, run_script
+from .instruments import BackwardWatch, ForwardWatch, Ran
+from .session import Around, Backward, Grads, Session, Stop
+from .tensors import nodes_of
+
+
+@dataclass
+class RandomState:
+    """The random state a run starts from."""
+
+    torch_state: torch.Tensor
+    python_state: Any
+    numpy_state: Any = None
+
+    @classmethod
+    def now(cls) -> RandomState:
+        numpy = sys.modules.get("numpy")
+        return cls(torch.random.get_rng_state(), random.getstate(),
+                   None if numpy is None else numpy.random.get_state())
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.torch_state)
+        random.setstate(self.python_state)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and self.numpy_state is not None:
+            numpy.random.set_state(self.numpy_state)
+
+
+@dataclass
+class Run:
+    """One run of the script: how it ended and what its session saw."""
+
+    exit: Exit | None
+    session: Session
+    stopped: bool
+
+
+def run(path: str, args: list[str], session: Session, start: RandomState, source: str | None = None,
+        eager: bool = False) -> Run:
+    """Run the script under ``session`` from the random state ``start``; stop at the session's
+    backward."""
+    start.restore()
+    with session.installed(), _stance("force_eager" if eager else None):
+        try:
+            code = run_script(path, args, source, passes=(Stop,))
+        except Stop:
+            return Run(None, session, True)
+    return Run(code, session, False)
+
+
+@contextlib.contextmanager
+def _stance(stance: str | None) -> Iterator[None]:
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if stance is None or set_stance is None:
+        yield
+        return
+    with set_stance(stance):
+        yield
+
+
+@dataclass
+class Instrumented:
+    """What the replay's instruments saw of the bad step."""
+
+    forward: ForwardWatch = field(default_factory=ForwardWatch)
+    ran: list[Ran] = field(default_factory=list)
+    roots: list[torch.Tensor] = field(default_factory=list)
+    grads: Grads = field(default_factory=list)
+    backward: Backward | None = None
+    _on: bool = False
+
+    def open(self) -> None:
+        self.forward.__enter__()
+        self._on = True
+
+    def close(self) -> None:
+        if self._on:
+            self._on = False
+            self.forward.__exit__(None, None, None)
+
+    def around(self) -> Around:
+        def watch(backward: Backward, roots: list[torch.Tensor], graph_roots: list[Any],
+                  go: Callable[[], Grads]) -> Grads:
+            self.forward.recording = False
+            self.backward, self.roots = backward, roots
+            watcher = BackwardWatch(nodes_of(graph_roots))
+            try:
+                self.grads = go()
+            finally:
+                watcher.remove()
+                self.ran = watcher.ran
+            return self.grads
+        return watch
+
+
+def replay(path: str, args: list[str], bad: Backward, start: RandomState, source: str | None = None,
+           eager: bool = False) -> tuple[Run, Instrumented]:
+    """Run the script again up to its bad backward, with the instruments on from the start of that
+    step: the forward watched, every node of that backward hooked, and any backward of the step
+    that builds a graph run under anomaly mode without its NaN check (so that the nodes it makes
+    know the node that made them)."""
+    seen = Instrumented()
+    session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.around(),
+                      higher_order=lambda: torch.autograd.set_detect_anomaly(True, check_nan=False),
+                      check_values=True)
+    try:
+        done = run(path, args, session, start, source, eager)
+    finally:
+        seen.close()
+    return done, seen

@@ -1,0 +1,190 @@
+"""Watching a script's backward passes: the trigger after each one, and the step to instrument.
+
+While a :class:`Session` is open, ``torch.autograd.backward`` (so ``Tensor.backward``) and
+``torch.autograd.grad`` (so ``torch.func.grad``) are wrapped, and every optimizer step is seen
+through PyTorch's global optimizer hooks. After each backward the session reads once whether the
+loss and the leaf gradients are finite. A *step* ends at an optimizer step or at a backward that
+builds no graph of its own (``create_graph=False``); the session counts these ends, so that a second
+run of the same script can switch its instruments on at the start of the step that went bad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from ..nodes import ACCUMULATE_GRAD
+from ..sites.levels import graph_roots
+from .tensors import all_finite, floating, nodes_of, plain
+
+
+class Stop(BaseException):
+    """Ends the user's script at the backward the doctor has seen enough of (not an ``Exception``:
+    the script's own ``except Exception`` must not swallow it)."""
+
+
+@dataclass
+class Backward:
+    """One watched backward pass: its number (from 1), whether it built a graph for a higher order,
+    how many step ends came before it, whether its loss and leaf gradients were finite, and whether
+    a compiled graph took part."""
+
+    index: int
+    create_graph: bool
+    ends_before: int
+    loss_finite: bool = True
+    grads_finite: bool = True
+    compiled: bool = False
+    values_finite: bool = True
+
+    @property
+    def finite(self) -> bool:
+        return self.loss_finite and self.grads_finite
+
+
+#: ``(backward, loss, graph roots, run)``: called around the bad backward of a replay; ``run()``
+#: runs it and returns the gradients it computed.
+Grads = list[torch.Tensor | None]
+Around = Callable[[Backward, list[torch.Tensor], list[Any], Callable[[], Grads]], Grads]
+
+
+@dataclass
+class Session:
+    """One run of the user's script under watch.
+
+    ``stop_at``: the number of the backward to stop after (None: the first bad one); ``limit``: stop
+    after this many backward passes in any case.
+    ``window``: how many step ends to let pass before ``on_window`` is called (the start of the
+    step to instrument); ``around`` wraps that backward; ``higher_order`` wraps every backward of
+    the window that builds a graph (``create_graph=True``); ``check_values``: read after each
+    backward whether the leaves' own values are finite too. ``around`` wraps every backward where
+    ``stop_at`` is None; ``after`` is told of each backward once it is checked; ``stops``: end the
+    script (with :class:`Stop`) at ``stop_at``, ``limit`` or the first bad backward.
+    """
+
+    stop_at: int | None = None
+    limit: int | None = None
+    window: int | None = None
+    on_window: Callable[[], None] | None = None
+    around: Around | None = None
+    higher_order: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    check_values: bool = False
+    stops: bool = True
+    after: Callable[[Backward], None] | None = None
+    backwards: list[Backward] = field(default_factory=list)
+    ends: int = 0
+    optimizer_steps: int = 0
+    #: The tensors the last backward differentiated, and their gradients (None where it gave none).
+    last_leaves: list[torch.Tensor] = field(default_factory=list)
+    last_grads: Grads = field(default_factory=list)
+    _opened: bool = False
+
+    @property
+    def bad(self) -> Backward | None:
+        """The first watched backward whose loss or leaf gradients were not finite."""
+        return next((b for b in self.backwards if not b.finite), None)
+
+    def _maybe_open_window(self) -> None:
+        if not self._opened and self.window is not None and self.ends >= self.window:
+            self._opened = True
+            if self.on_window is not None:
+                self.on_window()
+
+    def _end_step(self) -> None:
+        self.ends += 1
+        self._maybe_open_window()
+
+    def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
+                 run: Callable[[], list[torch.Tensor] | None]) -> Any:
+        self._maybe_open_window()
+        backward = Backward(len(self.backwards) + 1, bool(create_graph), self.ends)
+        self.backwards.append(backward)
+        nodes = graph_roots([r for r in roots if isinstance(r, torch.Tensor)])
+        graph = nodes_of(nodes)
+        backward.compiled = any("CompiledFunction" in type(n).__name__ for n in graph)
+        targets = _targets(graph, inputs)
+        if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
+            outputs = [r for r in roots if isinstance(r, torch.Tensor)]
+            grads = self.around(backward, outputs, nodes, lambda: _grads(run(), targets))
+        else:
+            grads = _grads(run(), targets)
+        checked = floating([*roots, *(g for g in grads if g is not None)])
+        loss = floating(roots)
+        backward.loss_finite = all_finite(loss)
+        backward.grads_finite = all_finite(checked[len(loss):])
+        if self.check_values:
+            backward.values_finite = all_finite(floating(targets))
+        self.last_leaves, self.last_grads = targets, grads
+        if self.after is not None:
+            self.after(backward)
+        if not create_graph:
+            self._end_step()
+        if self.stops and (backward.index == self.stop_at or backward.index == self.limit
+                           or (self.stop_at is None and not backward.finite)):
+            raise Stop
+        return None
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Session]:
+        """Wrap autograd's entry points and hook optimizer steps while the block runs."""
+        real_backward, real_grad = torch.autograd.backward, torch.autograd.grad
+
+        def backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
+                     create_graph: bool = False, grad_variables: Any = None, inputs: Any = None) -> None:
+            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+            def run() -> None:
+                with self._order(create_graph):
+                    real_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                                  inputs=inputs)
+
+            self._watched(roots, create_graph, inputs, run)
+
+        def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+            roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+            returned: list[Any] = []
+
+            def run() -> list[torch.Tensor]:
+                with self._order(create_graph):
+                    returned.append(real_grad(outputs, inputs, *args, **kwargs))
+                return list(returned[0])
+
+            self._watched(roots, create_graph, None, run)
+            return returned[0]
+
+        step_hook = register_optimizer_step_post_hook(self._stepped)
+        torch.autograd.backward, torch.autograd.grad = backward, grad
+        try:
+            self._maybe_open_window()
+            yield self
+        finally:
+            torch.autograd.backward, torch.autograd.grad = real_backward, real_grad
+            step_hook.remove()
+
+    def _stepped(self, *_: Any) -> None:
+        self.optimizer_steps += 1
+        self._end_step()
+
+    def _order(self, create_graph: bool) -> contextlib.AbstractContextManager[Any]:
+        if create_graph and self._opened and self.higher_order is not None:
+            return self.higher_order()
+        return contextlib.nullcontext()
+
+
+def _targets(graph: list[Any], inputs: Any) -> list[torch.Tensor]:
+    """The tensors a backward accumulates into: ``inputs`` if given, else the graph's leaves."""
+    if inputs is None:
+        return [n.variable for n in graph if isinstance(n, ACCUMULATE_GRAD)]  # type: ignore[attr-defined]
+    return [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+
+
+def _grads(result: list[torch.Tensor] | None, targets: list[torch.Tensor]) -> Grads:
+    if result is not None:
+        return list(result)
+    return [None if t.grad is None else plain(t.grad) for t in targets]
