@@ -23,6 +23,10 @@ from .tensors import finite_flags, floating, plain
 _NOT_OPS = frozenset({"__get__", "__set__", "size", "dim", "numel", "item", "tolist", "__len__",
                       "__bool__", "__format__", "__repr__", "data_ptr", "stride", "storage_offset"})
 
+#: Calls that run a backward: the nodes a ``create_graph`` backward makes are a first-order node's,
+#: found through anomaly mode's parent links, not the line of the call.
+_DIFFERENTIATING = frozenset({"grad", "backward", "vjp"})
+
 
 def _flat(value: Any) -> Iterator[Any]:
     stack = [value]
@@ -77,7 +81,7 @@ class ForwardWatch(TorchFunctionMode):
         plain_outputs = floating(outputs)
         finite_now = None if before is None else before + finite_flags(plain_outputs)
         self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now))
-        if frame is not None:
+        if frame is not None and name not in _DIFFERENTIATING:
             for o in outputs:
                 self._claim(o.grad_fn, frame)
         return out
@@ -92,7 +96,8 @@ class ForwardWatch(TorchFunctionMode):
         stack = [root]
         while stack:
             node = stack.pop()
-            if node is None or node in self.frames or isinstance(node, ACCUMULATE_GRAD):
+            if node is None or node in self.frames or isinstance(node, ACCUMULATE_GRAD) \
+                    or "parent_" in node.metadata:  # made by a backward: its parent's line is the one
                 continue
             self.frames[node] = frame
             stack.extend(c for c, _ in node.next_functions)
@@ -121,13 +126,17 @@ class BackwardWatch:
 
     def _hook(self, node: Any) -> Any:
         def record(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
-            self.ran.append(Ran(node, tuple(grad_inputs), tuple(grad_outputs), saved_values(node)))
+            self.ran.append(Ran(node, _plain(grad_inputs), _plain(grad_outputs), saved_values(node)))
         return record
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def _plain(grads: tuple[Any, ...]) -> tuple[torch.Tensor | None, ...]:
+    return tuple(plain(g) if isinstance(g, torch.Tensor) else None for g in grads)
 
 
 def saved_values(node: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from .. import compat
 from ..nodes import ACCUMULATE_GRAD
 from ..sites.levels import graph_roots
 from .tensors import all_finite, floating, nodes_of, plain
@@ -83,6 +84,7 @@ class Session:
     last_leaves: list[torch.Tensor] = field(default_factory=list)
     last_grads: Grads = field(default_factory=list)
     _opened: bool = False
+    _inside: bool = False
 
     @property
     def bad(self) -> Backward | None:
@@ -101,8 +103,23 @@ class Session:
 
     def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
                  run: Callable[[], list[torch.Tensor] | None]) -> Any:
+        # A compiler differentiating its graph while it traces is no step; a backward inside a watched
+        # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
+        # is part of it.
+        if self._inside or compat.is_compiling():
+            return run()
+        self._inside = True
+        try:
+            return self._watch(roots, create_graph, inputs, run)
+        finally:
+            self._inside = False
+
+    def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
+               run: Callable[[], list[torch.Tensor] | None]) -> None:
         self._maybe_open_window()
-        backward = Backward(len(self.backwards) + 1, bool(create_graph), self.ends)
+        # torch.func.grad builds a graph for its own transforms, not for a higher order of the step.
+        functorch = any(compat.is_functorch_wrapped_tensor(r) for r in roots if isinstance(r, torch.Tensor))
+        backward = Backward(len(self.backwards) + 1, bool(create_graph) and not functorch, self.ends)
         self.backwards.append(backward)
         nodes = graph_roots([r for r in roots if isinstance(r, torch.Tensor)])
         graph = nodes_of(nodes)
@@ -119,10 +136,11 @@ class Session:
         backward.grads_finite = all_finite(checked[len(loss):])
         if self.check_values:
             backward.values_finite = all_finite(floating(targets))
-        self.last_leaves, self.last_grads = targets, grads
+        self.last_leaves = [plain(t) for t in targets]
+        self.last_grads = [None if g is None else plain(g) for g in grads]
         if self.after is not None:
             self.after(backward)
-        if not create_graph:
+        if not backward.create_graph:
             self._end_step()
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
                            or (self.stop_at is None and not backward.finite)):
