@@ -31,7 +31,7 @@ def doctor() -> Iterator[Report]:
     """
     report = Report("clean", 0)
     seen = Instrumented()
-    session = Session(around=seen.around(), on_window=seen.open, window=0, stops=False)
+    session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False)
 
     def after(backward: Backward) -> None:
         report.backward_calls = backward.index

@@ -53,8 +53,9 @@ class Call:
 
 
 class ForwardWatch(TorchFunctionMode):
-    """Records the torch calls of a forward pass and, per autograd node, the user's line that made
-    it (for a call such as ``F.normalize``, every node the call made)."""
+    """Records the torch calls of a forward pass that make a tensor requiring grad, and per
+    autograd node the user's line that made it (for a call such as ``F.normalize``,
+    every node the call made)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,14 +69,20 @@ class ForwardWatch(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        if name in _NOT_OPS or not self.recording:
+        if name in _NOT_OPS or not self.recording or not torch.is_grad_enabled():
             return func(*args, **kwargs)
-        inputs = floating(_flat([args, kwargs]))
+        given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
         in_place = name.endswith("_") and not name.endswith("__") or "out" in kwargs
+        if not any(a.requires_grad for a in given) or (in_place and any(a.is_leaf and a.requires_grad
+                                                                        for a in given)):
+            # Setup and data (initialising or loading parameters, batching) are no op of the
+            # differentiated step: what they make enters it from outside.
+            return func(*args, **kwargs)
+        inputs = floating(given)
         before = finite_flags(inputs) if in_place else None
         out = func(*args, **kwargs)
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
-        if not outputs:
+        if not any(o.requires_grad for o in outputs):  # a mask, a detached copy: data from here on
             return out
         frame = user_frame(2)
         plain_outputs = floating(outputs)

@@ -9,6 +9,7 @@ unseeded script makes the same steps again; a compiled function runs eagerly in 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -16,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import handle_torch_function
 
 from ..script import Exit, run_script
+from ..sites.levels import passes_through
 from .instruments import BackwardWatch, ForwardWatch, Ran
-from .session import Around, Backward, Grads, Session, Stop
+from .session import Backward, Grads, Session, Stop
 from .tensors import nodes_of
 
 
@@ -97,19 +100,24 @@ class Instrumented:
             self._on = False
             self.forward.__exit__(None, None, None)
 
-    def around(self) -> Around:
-        def watch(backward: Backward, roots: list[torch.Tensor], graph_roots: list[Any],
-                  go: Callable[[], Grads]) -> Grads:
-            self.forward.recording = False
-            self.backward, self.roots = backward, roots
-            watcher = BackwardWatch(nodes_of(graph_roots))
-            try:
-                self.grads = go()
-            finally:
-                watcher.remove()
-                self.ran = watcher.ran
-            return self.grads
-        return watch
+    def watch(self, backward: Backward, roots: list[torch.Tensor], graph_roots: list[Any],
+              go: Callable[[], Grads]) -> Grads:
+        """The bad backward: stop recording the forward, hook every node, run it."""
+        self.forward.recording = False
+        self.backward, self.roots = backward, roots
+        watcher = BackwardWatch(nodes_of(graph_roots))
+        try:
+            self.grads = go()
+        finally:
+            watcher.remove()
+            self.ran = watcher.ran
+        return self.grads
+
+
+# A replayed torch.func.grad calls autograd through these too (see Session): its backward stays its own.
+passes_through(Instrumented.watch.__code__, ForwardWatch.__torch_function__.__code__,
+               handle_torch_function.__code__, *(inspect.unwrap(f).__code__
+                                                 for f in (torch.autograd.grad, torch.autograd.backward)))
 
 
 def replay(path: str, args: list[str], bad: Backward, start: RandomState, source: str | None = None,
@@ -119,7 +127,7 @@ def replay(path: str, args: list[str], bad: Backward, start: RandomState, source
     that builds a graph run under anomaly mode without its NaN check (so that the nodes it makes
     know the node that made them)."""
     seen = Instrumented()
-    session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.around(),
+    session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.watch,
                       higher_order=lambda: torch.autograd.set_detect_anomaly(True, check_nan=False),
                       check_values=True)
     try:

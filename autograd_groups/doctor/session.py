@@ -11,6 +11,7 @@ run of the same script can switch its instruments on at the start of the step th
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import compat
 from ..nodes import ACCUMULATE_GRAD
-from ..sites.levels import graph_roots
+from ..sites.levels import graph_roots, passes_through
 from .tensors import all_finite, floating, nodes_of, plain
 
 
@@ -102,38 +103,40 @@ class Session:
         self._maybe_open_window()
 
     def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
-                 run: Callable[[], list[torch.Tensor] | None]) -> Any:
+                 call: Callable[[], Any]) -> Any:
+        """Run the backward ``call`` (a partial of autograd's own entry point) and watch it."""
         # A compiler differentiating its graph while it traces is no step; a backward inside a watched
         # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
         # is part of it.
         if self._inside or compat.is_compiling():
-            return run()
+            return call()
         self._inside = True
         try:
-            return self._watch(roots, create_graph, inputs, run)
+            return self._watch(roots, create_graph, inputs, call)
         finally:
             self._inside = False
 
     def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
-               run: Callable[[], list[torch.Tensor] | None]) -> None:
+               call: Callable[[], Any]) -> Any:
         self._maybe_open_window()
+        tensors = [r for r in roots if isinstance(r, torch.Tensor)]
         # torch.func.grad builds a graph for its own transforms, not for a higher order of the step.
-        functorch = any(compat.is_functorch_wrapped_tensor(r) for r in roots if isinstance(r, torch.Tensor))
+        functorch = any(compat.is_functorch_wrapped_tensor(r) for r in tensors)
         backward = Backward(len(self.backwards) + 1, bool(create_graph) and not functorch, self.ends)
         self.backwards.append(backward)
-        nodes = graph_roots([r for r in roots if isinstance(r, torch.Tensor)])
+        nodes = graph_roots(tensors)
         graph = nodes_of(nodes)
         backward.compiled = any("CompiledFunction" in type(n).__name__ for n in graph)
         targets = _targets(graph, inputs)
+        returned: list[Any] = []
+        go = functools.partial(self._run, call, targets, create_graph, returned)
         if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
-            outputs = [r for r in roots if isinstance(r, torch.Tensor)]
-            grads = self.around(backward, outputs, nodes, lambda: _grads(run(), targets))
+            grads = self.around(backward, tensors, nodes, go)
         else:
-            grads = _grads(run(), targets)
-        checked = floating([*roots, *(g for g in grads if g is not None)])
+            grads = go()
         loss = floating(roots)
         backward.loss_finite = all_finite(loss)
-        backward.grads_finite = all_finite(checked[len(loss):])
+        backward.grads_finite = all_finite(floating(g for g in grads if g is not None))
         if self.check_values:
             backward.values_finite = all_finite(floating(targets))
         self.last_leaves = [plain(t) for t in targets]
@@ -145,45 +148,33 @@ class Session:
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
                            or (self.stop_at is None and not backward.finite)):
             raise Stop
-        return None
+        return returned[0] if returned else None
+
+    def _run(self, call: Callable[[], Any], targets: list[torch.Tensor], create_graph: bool,
+             returned: list[Any]) -> Grads:
+        with self._order(create_graph):
+            result = call()
+        returned.append(result)
+        if result is None:  # backward: the gradients are in the leaves
+            return [None if t.grad is None else plain(t.grad) for t in targets]
+        return list(result)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Session]:
         """Wrap autograd's entry points and hook optimizer steps while the block runs."""
-        real_backward, real_grad = torch.autograd.backward, torch.autograd.grad
-
-        def backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None,
-                     create_graph: bool = False, grad_variables: Any = None, inputs: Any = None) -> None:
-            roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
-
-            def run() -> None:
-                with self._order(create_graph):
-                    real_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
-                                  inputs=inputs)
-
-            self._watched(roots, create_graph, inputs, run)
-
-        def grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
-            roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
-            returned: list[Any] = []
-
-            def run() -> list[torch.Tensor]:
-                with self._order(create_graph):
-                    returned.append(real_grad(outputs, inputs, *args, **kwargs))
-                return list(returned[0])
-
-            self._watched(roots, create_graph, None, run)
-            return returned[0]
-
+        _sessions.append(self)
         step_hook = register_optimizer_step_post_hook(self._stepped)
-        torch.autograd.backward, torch.autograd.grad = backward, grad
+        if len(_sessions) == 1:
+            _REAL[:] = [torch.autograd.backward, torch.autograd.grad]
+            torch.autograd.backward, torch.autograd.grad = _backward, _grad
         try:
             self._maybe_open_window()
             yield self
         finally:
-            torch.autograd.backward, torch.autograd.grad = real_backward, real_grad
             step_hook.remove()
+            _sessions.remove(self)
+            if not _sessions:
+                torch.autograd.backward, torch.autograd.grad = _REAL
 
     def _stepped(self, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -202,7 +193,27 @@ def _targets(graph: list[Any], inputs: Any) -> list[torch.Tensor]:
     return [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
 
 
-def _grads(result: list[torch.Tensor] | None, targets: list[torch.Tensor]) -> Grads:
-    if result is not None:
-        return list(result)
-    return [None if t.grad is None else plain(t.grad) for t in targets]
+#: The sessions open now (the innermost watches), and autograd's own entry points while they are.
+_sessions: list[Session] = []
+_REAL: list[Any] = []
+
+
+def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, create_graph: bool = False,
+              grad_variables: Any = None, inputs: Any = None) -> None:
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    call = functools.partial(_REAL[0], tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                             inputs=inputs)
+    _sessions[-1]._watched(roots, create_graph, inputs, call)
+
+
+def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+    roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    call = functools.partial(_REAL[1], outputs, inputs, *args, **kwargs)
+    return _sessions[-1]._watched(roots, create_graph, None, call)
+
+
+# torch.func.grad tells its own backward from one its function starts by who calls autograd: these
+# frames stand between them and change nothing of that.
+passes_through(_backward.__code__, _grad.__code__, Session._watched.__code__, Session._watch.__code__,
+               Session._run.__code__)

@@ -11,7 +11,7 @@ opt = torch.optim.SGD([scale], lr=0.01)
 
 
 def energy(z, s):
-    return (s * z.pow(1.5)).sum()
+    return (s * z.pow(1.5)).sum()  # born
 
 
 for step in range(1, 3):

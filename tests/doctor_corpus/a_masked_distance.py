@@ -10,7 +10,7 @@ ids = torch.arange(5)
 
 
 def pairwise(x):
-    return (x[:, None] - x[None, :]).pow(2).sum(-1).sqrt()
+    return (x[:, None] - x[None, :]).pow(2).sum(-1).sqrt()  # born
 
 
 off_diagonal = 1 - torch.eye(5)

@@ -10,7 +10,7 @@ opt = torch.optim.SGD([totals], lr=0.1)
 
 
 def mean_per_bin(total, count):
-    return torch.where(count > 0, total / count, torch.zeros_like(total))
+    return torch.where(count > 0, total / count, torch.zeros_like(total))  # born
 
 
 for step in range(1, 3):

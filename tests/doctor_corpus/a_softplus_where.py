@@ -12,7 +12,7 @@ opt = torch.optim.SGD([w], lr=0.01)
 
 
 def softplus(z):
-    return torch.where(z < 20, torch.log1p(torch.exp(z)), z)
+    return torch.where(z < 20, torch.log1p(torch.exp(z)), z)  # born
 
 
 for step in range(1, 4):

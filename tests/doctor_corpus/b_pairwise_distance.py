@@ -9,7 +9,7 @@ opt = torch.optim.SGD([points], lr=0.05)
 
 
 def spread(x):
-    d = (x[:, None] - x[None, :]).pow(2).sum(-1).sqrt()
+    d = (x[:, None] - x[None, :]).pow(2).sum(-1).sqrt()  # born
     return d.mean()
 
 

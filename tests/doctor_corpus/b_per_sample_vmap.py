@@ -11,7 +11,7 @@ batch = torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, -1.0]])
 
 
 def distance(p, x):
-    return ((x @ p - anchor) ** 2).sum().sqrt()
+    return ((x @ p - anchor) ** 2).sum().sqrt()  # born
 
 
 for step in range(1, 3):

@@ -15,7 +15,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
 
 def rmse(pred, target):
-    return torch.nn.functional.mse_loss(pred, target).sqrt()
+    return torch.nn.functional.mse_loss(pred, target).sqrt()  # born
 
 
 for step in range(1, 3):

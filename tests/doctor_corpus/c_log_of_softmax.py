@@ -10,10 +10,10 @@ opt = torch.optim.SGD([logits], lr=0.1)
 
 def cross_entropy(z, y):
     p = torch.softmax(z, dim=-1)
-    return -torch.log(p)[torch.arange(len(y)), y].mean()
+    return -torch.log(p)[torch.arange(len(y)), y].mean()  # born
 
 
-for step in range(2):
+for _ in range(2):
     loss = cross_entropy(logits, labels)
     opt.zero_grad()
     loss.backward()

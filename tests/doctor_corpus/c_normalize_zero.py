@@ -8,7 +8,7 @@ target = torch.tensor([[0.6, 0.8], [1.0, 0.0]])
 
 
 def unit(x):
-    return x / x.pow(2).sum(-1, keepdim=True).sqrt()
+    return x / x.pow(2).sum(-1, keepdim=True).sqrt()  # born
 
 
 loss = (unit(v) - target).pow(2).sum()

@@ -10,8 +10,8 @@ with torch.no_grad():
     model.weight.fill_(1.0)
     model.bias.zero_()
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-for step in range(2):
-    rate = torch.exp(model(x)).squeeze(-1)
+for _ in range(2):
+    rate = torch.exp(model(x)).squeeze(-1)  # born
     loss = (rate - counts * torch.log(rate)).mean()
     opt.zero_grad()
     loss.backward()

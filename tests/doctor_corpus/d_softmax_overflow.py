@@ -8,7 +8,7 @@ x = torch.tensor([[4.0, 1.0], [1.0, 0.5]])
 
 
 def softmax(z):
-    e = torch.exp(z)
+    e = torch.exp(z)  # born
     return e / e.sum(-1, keepdim=True)
 
 

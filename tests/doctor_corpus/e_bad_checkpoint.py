@@ -9,8 +9,8 @@ state["2.weight"][0, 2] = float("inf")
 model.load_state_dict(state)
 x, y = torch.randn(6, 3), torch.randn(6, 1)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-for step in range(2):
-    loss = torch.nn.functional.mse_loss(model(x), y)
+for _ in range(2):
+    loss = torch.nn.functional.mse_loss(model(x), y)  # born
     opt.zero_grad()
     loss.backward()
     opt.step()

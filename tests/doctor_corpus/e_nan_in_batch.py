@@ -11,7 +11,7 @@ loader = DataLoader(TensorDataset(features, targets), batch_size=4, shuffle=Fals
 model = torch.nn.Linear(3, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for xb, yb in loader:
-    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    loss = torch.nn.functional.mse_loss(model(xb), yb)  # born
     opt.zero_grad()
     loss.backward()
     opt.step()
