@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autograd-groups",
         description="Inspect autograd groups: validate spec files, list rules, draw traced graphs, "
-                    "check rules against the math.")
+                    "check rules against the math, and find where a NaN in a training step is born "
+                    "(doctor).")
     parser.add_argument("--version", action="version", version=f"autograd-groups {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)

@@ -133,6 +133,7 @@ def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_fini
             torch.testing.assert_close(new[key][kept], old[kept], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_anomaly_mode_names_the_node_after_the_birth_where_the_doctor_names_the_birth() -> None:
     """The advantage over anomaly mode, asked of the running release: a sqrt at 0 makes inf, the
     next node turns it into NaN, and anomaly mode (which looks for NaN) names that next node."""
@@ -159,6 +160,7 @@ def run_script_raising(script: Path) -> None:
         sys.path.remove(str(script.parent))
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_anomaly_mode_raises_where_the_run_is_clean() -> None:
     script = CORPUS / "clean_erased_nan.py"
     try:
@@ -252,3 +254,42 @@ def test_in_process_a_finite_block_is_clean() -> None:
     with ag.doctor() as report:
         x.sqrt().sum().backward()
     assert report.status == "clean" and report.backward_calls == 1
+
+
+_SCALED_STEPS = (
+    "import torch\n"
+    "w = torch.nn.Parameter(torch.full((2,), 1e-10))\n"
+    "opt = torch.optim.SGD([w], lr=1e-40)\n"
+    "scaler = torch.amp.GradScaler('cpu')\n"
+    "for _ in range(12):\n"
+    "    loss = {loss}\n"
+    "    opt.zero_grad()\n"
+    "    scaler.scale(loss).backward()\n"
+    "    scaler.step(opt)\n"
+    "    scaler.update()\n")
+
+
+def test_a_loss_scalers_deliberate_overflow_is_no_finding(tmp_path: Path) -> None:
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w * 1e34).sum()"))  # inf at scale 2**16 only
+    report, _ = diagnose(str(script))
+    assert report.status == "clean" and report.backward_calls == 12
+
+
+def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> None:
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()"))
+    report, _ = diagnose(str(script))
+    assert report.status == "found" and report.cls == "B" and report.step == 5
+    assert report.born is not None and report.born.node == "SqrtBackward0"
+
+
+def test_the_demos_nan_is_diagnosed_with_a_checked_fix() -> None:
+    """``make demo`` runs the doctor on examples/triplet_nan.py: the demo's plain-composite NaN."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "triplet_nan.py"
+    report, _ = diagnose(str(script), ["--steps", "3"])
+    assert report.status == "found" and report.cls == "A" and report.step == 1
+    assert report.born is not None and (report.born.node, report.born.function) == (
+        "SqrtBackward0", "pairwise_distance")
+    native = report.proposals[0]
+    assert native.kind == "native" and native.checked and "torch.linalg.vector_norm" in native.diff

@@ -35,7 +35,7 @@ def doctor() -> Iterator[Report]:
 
     def after(backward: Backward) -> None:
         report.backward_calls = backward.index
-        if backward.finite:
+        if not backward.bad:
             seen.forward.reset()
             return
         report.status, report.step = "found", backward.index

@@ -22,7 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from .. import compat
 from ..nodes import ACCUMULATE_GRAD
 from ..sites.levels import graph_roots, passes_through
-from .tensors import all_finite, floating, nodes_of, plain
+from .tensors import finite_groups, floating, nodes_of, plain
 
 
 class Stop(BaseException):
@@ -43,10 +43,16 @@ class Backward:
     grads_finite: bool = True
     compiled: bool = False
     values_finite: bool = True
+    #: A loss scaler's deliberate overflow: its step is skipped and its scale lowered, no finding.
+    scaled_overflow: bool = False
 
     @property
     def finite(self) -> bool:
         return self.loss_finite and self.grads_finite
+
+    @property
+    def bad(self) -> bool:
+        return not self.finite and not self.scaled_overflow
 
 
 #: ``(backward, loss, graph roots, run)``: called around the bad backward of a replay; ``run()``
@@ -86,11 +92,14 @@ class Session:
     last_grads: Grads = field(default_factory=list)
     _opened: bool = False
     _inside: bool = False
+    #: Consecutive loss-scaler overflows.
+    overflows: int = 0
 
     @property
     def bad(self) -> Backward | None:
-        """The first watched backward whose loss or leaf gradients were not finite."""
-        return next((b for b in self.backwards if not b.finite), None)
+        """The first watched backward whose loss or leaf gradients were not finite (a loss scaler's
+        overflow steps aside, unless they keep coming)."""
+        return next((b for b in self.backwards if b.bad), None)
 
     def _maybe_open_window(self) -> None:
         if not self._opened and self.window is not None and self.ends >= self.window:
@@ -134,11 +143,16 @@ class Session:
             grads = self.around(backward, tensors, nodes, go)
         else:
             grads = go()
-        loss = floating(roots)
-        backward.loss_finite = all_finite(loss)
-        backward.grads_finite = all_finite(floating(g for g in grads if g is not None))
+        groups = [floating(roots), floating(g for g in grads if g is not None)]
         if self.check_values:
-            backward.values_finite = all_finite(floating(targets))
+            groups.append(floating(targets))
+        backward.loss_finite, backward.grads_finite, *values = finite_groups(groups)
+        backward.values_finite = all(values)
+        if not backward.finite and any(getattr(r, _SCALED, False) for r in tensors):
+            self.overflows += 1
+            backward.scaled_overflow = self.overflows < SCALER_SKIPS
+        elif backward.finite:
+            self.overflows = 0
         self.last_leaves = [plain(t) for t in targets]
         self.last_grads = [None if g is None else plain(g) for g in grads]
         if self.after is not None:
@@ -146,7 +160,7 @@ class Session:
         if not backward.create_graph:
             self._end_step()
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
-                           or (self.stop_at is None and not backward.finite)):
+                           or (self.stop_at is None and backward.bad)):
             raise Stop
         return returned[0] if returned else None
 
@@ -165,8 +179,9 @@ class Session:
         _sessions.append(self)
         step_hook = register_optimizer_step_post_hook(self._stepped)
         if len(_sessions) == 1:
-            _REAL[:] = [torch.autograd.backward, torch.autograd.grad]
+            _REAL[:] = [torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale]
             torch.autograd.backward, torch.autograd.grad = _backward, _grad
+            torch.amp.GradScaler.scale = _scale  # type: ignore[method-assign,assignment]
         try:
             self._maybe_open_window()
             yield self
@@ -174,7 +189,7 @@ class Session:
             step_hook.remove()
             _sessions.remove(self)
             if not _sessions:
-                torch.autograd.backward, torch.autograd.grad = _REAL
+                torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale = _REAL
 
     def _stepped(self, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -193,6 +208,12 @@ def _targets(graph: list[Any], inputs: Any) -> list[torch.Tensor]:
     return [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
 
 
+#: How many loss-scaler overflow steps in a row the watch lets pass: a scaler lowers its scale and
+#: skips the step at an overflow, on purpose; one that keeps overflowing has a real NaN.
+SCALER_SKIPS = 5
+#: The mark ``GradScaler.scale`` leaves on the losses it scales, while a session watches.
+_SCALED = "_autograd_groups_scaled"
+
 #: The sessions open now (the innermost watches), and autograd's own entry points while they are.
 _sessions: list[Session] = []
 _REAL: list[Any] = []
@@ -204,6 +225,13 @@ def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, 
     call = functools.partial(_REAL[0], tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                              inputs=inputs)
     _sessions[-1]._watched(roots, create_graph, inputs, call)
+
+
+def _scale(scaler: Any, outputs: Any) -> Any:
+    scaled = _REAL[2](scaler, outputs)
+    for t in [scaled] if isinstance(scaled, torch.Tensor) else scaled:
+        setattr(t, _SCALED, True)
+    return scaled
 
 
 def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:

@@ -46,22 +46,47 @@ def finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether every tensor is finite everywhere, read once: the trigger after each backward."""
+    """Whether every tensor is finite everywhere, read once."""
     if not tensors:
         return True
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
+def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
+    """For each group of tensors, whether all of it is finite: the trigger after each backward, one
+    fused norm of every tensor and one host read. A norm that overflows where every element is finite
+    is told apart by a second, exact look at that group.
+
+    >>> import torch
+    >>> big, nan = torch.tensor([1e30, 1e30]), torch.tensor([0.0, float("nan")])
+    >>> finite_groups([[torch.ones(2)], [torch.ones(2), big], [nan]])
+    [True, True, False]
+    """
+    flat = [t for group in groups for t in group]
+    if not flat:
+        return [True for _ in groups]
+    if compat.foreach_norm is None:
+        return [all_finite(group) for group in groups]
+    ok = torch.stack(compat.foreach_norm(flat)).isfinite().tolist()
+    found, at = [], 0
+    for group in groups:
+        fine = all(ok[at:at + len(group)])
+        found.append(fine or all_finite(group))
+        at += len(group)
+    return found
+
+
 def nodes_of(roots: Sequence[Any]) -> list[Any]:
     """Every autograd node reachable from ``roots`` (leaf accumulators included)."""
     found: list[Any] = []
-    seen: set[int] = set()
-    stack = [r for r in roots if r is not None]
+    seen: set[Any] = {None}
+    stack = list(roots)
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        if node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         found.append(node)
-        stack.extend(c for c, _ in node.next_functions if c is not None and id(c) not in seen)
+        for child, _ in node.next_functions:
+            stack.append(child)
     return found
