@@ -189,7 +189,8 @@ class Session:
             step_hook.remove()
             _sessions.remove(self)
             if not _sessions:
-                torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale = _REAL
+                torch.autograd.backward, torch.autograd.grad = _REAL[:2]
+                torch.amp.GradScaler.scale = _REAL[2]  # type: ignore[method-assign]
 
     def _stepped(self, *_: Any) -> None:
         self.optimizer_steps += 1
