@@ -143,3 +143,22 @@ def test_the_sdist_ships_the_sources_and_no_test_suite(dist: Path) -> None:
     assert {"LICENSE", "LONG_DESCRIPTION.md", "pyproject.toml", "autograd_groups/__init__.py",
             "autograd_groups/ops/builtin.yaml"} <= names
     assert not [n for n in names if n.startswith("tests")], sorted(n for n in names if n.startswith("tests"))
+
+
+def repository_paths_in_strings(source: str) -> list[str]:
+    """``docs/...`` paths in the string literals (messages, help texts, docstrings) of a module."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += re.findall(r"\bdocs/[\w./#-]+", node.value)
+    return found
+
+
+def test_messages_and_docstrings_point_at_what_a_wheel_user_has() -> None:
+    """A wheel has no docs/ folder: messages name a docs page by its title, or help(...)."""
+    assert repository_paths_in_strings('x = 1  # docs/a.md\nraise E(f"see docs/b.md, {x}")') == ["docs/b.md"]
+    found = {f"{path.relative_to(ROOT)}: {hit}" for path in sorted((ROOT / "autograd_groups").rglob("*.py"))
+             for hit in repository_paths_in_strings(path.read_text())}
+    assert not found, sorted(found)
