@@ -45,7 +45,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check autograd_groups tests examples benchmarks
+	$(BIN)/ruff check autograd_groups tests examples benchmarks scripts
 	$(BIN)/mypy autograd_groups
 
 dist: $(STAMP)
