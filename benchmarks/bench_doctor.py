@@ -1,8 +1,8 @@
 """What ``autograd-groups doctor`` costs a training step of a small MLP (CPU, 1 thread, float32):
 the trigger it runs after every backward (one read of whether the loss and the leaf gradients are
 finite), and the step it instruments (every torch call of the forward recorded, every node of the
-backward hooked). Medians of interleaved runs; each variant enters and leaves its watch every step,
-so its figure includes that too."""
+backward hooked). Medians of interleaved runs of a block of steps; the watch is entered once a
+block, the instrumented watch once a step (``ag.doctor()`` around it)."""
 
 from __future__ import annotations
 
@@ -42,29 +42,39 @@ def mlp_step(batch: int = 64, width: int = 256) -> Callable[[], None]:
     return step
 
 
-def variants(step: Callable[[], None]) -> dict[str, Callable[[], None]]:
+def variants(step: Callable[[], None], block: int) -> dict[str, Callable[[], None]]:
+    """Each variant runs ``block`` steps: the watch is entered once per block, as the command
+    enters it once per script."""
+    def plain() -> None:
+        for _ in range(block):
+            step()
+
     def triggered() -> None:
         with Session(stops=False).installed():
-            step()
+            for _ in range(block):
+                step()
 
     def instrumented() -> None:
-        with ag.doctor() as report:
-            step()
-        if report.status != "clean":
-            raise SystemExit("bench_doctor: the instrumented step was not clean")
+        for _ in range(block):
+            with ag.doctor() as report:
+                step()
+            if report.status != "clean":
+                raise SystemExit("bench_doctor: the instrumented step was not clean")
 
-    return {"plain": step, "trigger": triggered, "instrumented": instrumented}
+    return {"plain": plain, "trigger": triggered, "instrumented": instrumented}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--block", type=int, default=10, help="steps per timed run")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    times = interleaved_medians(variants(mlp_step()), args.repeats)
+    times = interleaved_medians(variants(mlp_step(), args.block), args.repeats)
     plain = times["plain"]
     print(f"torch {torch.__version__}, 1 thread, float32, SGD step of a 4-layer MLP (batch 64, width "
-          f"256): plain {plain * 1e3:.2f} ms, medians of {args.repeats} interleaved runs")
+          f"256): plain {plain / args.block * 1e3:.2f} ms a step, medians of {args.repeats} interleaved "
+          f"runs of {args.block} steps")
     print(markdown_table(TARGET_HEADER, [
         target_row("doctor's trigger per backward / plain step", [times["trigger"] / plain], TRIGGER_BOUND),
         target_row("doctor's instrumented step / plain step", [times["instrumented"] / plain],

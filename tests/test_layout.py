@@ -66,5 +66,15 @@ def test_verify_stands_above_the_rest() -> None:
     graph = import_graph()
     top = ("autograd_groups", "autograd_groups.cli")
     upward = [(a, b) for a, b in graph.edges if b.startswith("autograd_groups.verify")
-              and not a.startswith("autograd_groups.verify") and a not in top]
+              and not a.startswith(("autograd_groups.verify", "autograd_groups.doctor")) and a not in top]
+    assert upward == []
+
+
+def test_the_doctor_stands_above_verify() -> None:
+    """``doctor/`` diagnoses with everything below it (``verify`` checks its proposals): only the
+    package's top and the command line import it."""
+    graph = import_graph()
+    top = ("autograd_groups", "autograd_groups.cli")
+    upward = [(a, b) for a, b in graph.edges if b.startswith("autograd_groups.doctor")
+              and not a.startswith("autograd_groups.doctor") and a not in top]
     assert upward == []

@@ -16,12 +16,12 @@ from .classify import Evidence, classify, huge
 from .instruments import Ran
 from .propose import propose
 from .replay import Instrumented, RandomState, replay, run
-from .report import Appears, Report
+from .report import Appears, Diagnosis
 from .session import Session
 
 
 def diagnose(script: str, args: list[str] | None = None, steps: int | None = None,
-             check: bool = True) -> tuple[Report, Exit]:
+             check: bool = True) -> tuple[Diagnosis, Exit]:
     """Run ``script`` as ``python SCRIPT ARGS`` would, watching each backward pass (at most
     ``steps``), and diagnose the first whose loss or leaf gradients are not finite: replay it with
     the instruments on, locate the birth, classify it, and propose fixes, each checked by a replay
@@ -42,8 +42,8 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     bad = first.session.bad
     watched = len(first.session.backwards)
     if bad is None:
-        return Report("clean", watched), first.exit or Exit(0)
-    report = Report("found", watched, step=bad.index)
+        return Diagnosis("clean", watched), first.exit or Exit(0)
+    report = Diagnosis("found", watched, step=bad.index)
     compiled = any(b.compiled for b in first.session.backwards)
     if compiled:
         report.notes.append("the script compiles: the bad step was replayed eagerly "
@@ -58,7 +58,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     return report, Exit(0)
 
 
-def diagnose_step(report: Report, session: Session, seen: Instrumented, reproduced: bool) -> Ran | None:
+def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, reproduced: bool) -> Ran | None:
     """Classify and locate the finding in the instrumented step ``seen`` (``reproduced``: the run
     got to the bad backward again); the node where the backward birth is."""
     if not reproduced or seen.backward is None or seen.backward.finite:

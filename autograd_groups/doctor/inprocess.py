@@ -10,12 +10,12 @@ from .check import Baseline
 from .diagnose import diagnose_step
 from .propose import NOT_REPLAYED, propose
 from .replay import Instrumented, RandomState
-from .report import Report
+from .report import Diagnosis
 from .session import Backward, Session
 
 
 @contextlib.contextmanager
-def doctor() -> Iterator[Report]:
+def doctor() -> Iterator[Diagnosis]:
     """Watch every backward pass in the block with the instruments on, and diagnose the first whose
     loss or leaf gradients are not finite into the yielded report (the one ``autograd-groups
     doctor`` prints). The block's code cannot be run again from here, so its proposals are not
@@ -29,7 +29,7 @@ def doctor() -> Iterator[Report]:
     >>> report.status, report.cls, report.born.node
     ('found', 'B', 'SqrtBackward0')
     """
-    report = Report("clean", 0)
+    report = Diagnosis("clean", 0)
     seen = Instrumented()
     session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False)
 

@@ -28,7 +28,7 @@ from .frames import is_users
 from .instruments import Ran
 from .locate import Born
 from .replay import RandomState
-from .report import Proposal, Report
+from .report import Diagnosis, Proposal
 
 
 @dataclass
@@ -46,7 +46,7 @@ NOT_REPLAYED = ("inside a running program the step cannot be replayed; run the s
                 "`autograd-groups doctor` to check it")
 
 
-def propose(script: str, args: list[str], report: Report, born_ran: Ran | None, baseline: Baseline,
+def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | None, baseline: Baseline,
             start: RandomState, check_them: bool = True, unchecked: str = "") -> list[Proposal]:
     """The proposals for ``report``'s finding, each checked against ``baseline`` (the replayed
     step's gradients) by running ``script`` changed, unless ``check_them`` is False (then its check

@@ -43,7 +43,7 @@ class Appears:
 
 
 @dataclass
-class Report:
+class Diagnosis:
     """What ``autograd-groups doctor`` found.
 
     ``status`` is "clean" (every watched backward had a finite loss and finite leaf gradients) or
@@ -52,7 +52,7 @@ class Report:
     shows if that is another node, ``proposals`` the fixes, smallest first. ``step`` is the number
     of the backward pass that went bad, ``notes`` what the reader should know about how it was found.
 
-    >>> Report("clean", 3).to_json()["status"]
+    >>> Diagnosis("clean", 3).to_json()["status"]
     'clean'
     """
 

@@ -3,6 +3,7 @@ checks in one host read."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -49,31 +50,26 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether every tensor is finite everywhere, read once."""
     if not tensors:
         return True
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    return bool(torch.stack([torch.isfinite(t).all().cpu() for t in tensors]).all())
 
 
 def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
-    """For each group of tensors, whether all of it is finite: the trigger after each backward, one
-    fused norm of every tensor and one host read. A norm that overflows where every element is finite
-    is told apart by a second, exact look at that group.
+    """For each group of tensors, whether all of it is finite: the trigger after each backward.
+    Where all are, that is one fused norm of every tensor and one host read; otherwise (or where
+    the norms overflow though every element is finite) each group is looked at exactly.
 
-    >>> import torch
     >>> big, nan = torch.tensor([1e30, 1e30]), torch.tensor([0.0, float("nan")])
     >>> finite_groups([[torch.ones(2)], [torch.ones(2), big], [nan]])
     [True, True, False]
     """
     flat = [t for group in groups for t in group]
-    if not flat:
-        return [True for _ in groups]
-    if compat.foreach_norm is None:
-        return [all_finite(group) for group in groups]
-    ok = torch.stack(compat.foreach_norm(flat)).isfinite().tolist()
-    found, at = [], 0
-    for group in groups:
-        fine = all(ok[at:at + len(group)])
-        found.append(fine or all_finite(group))
-        at += len(group)
-    return found
+    kinds = {(t.dtype, t.device) for t in flat}
+    # One kind (dtype and device) of tensor, as a model's usually are: else each is looked at alone.
+    if len(kinds) == 1 and compat.foreach_norm is not None:
+        with torch.no_grad():
+            if math.isfinite(torch.stack(compat.foreach_norm(flat)).sum().item()):
+                return [True for _ in groups]
+    return [all_finite(group) for group in groups]
 
 
 def nodes_of(roots: Sequence[Any]) -> list[Any]:
