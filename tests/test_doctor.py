@@ -112,6 +112,20 @@ def _gradients(script: Path, step: int, monkeypatch: pytest.MonkeyPatch, tmp_pat
     return torch.load(dumped)
 
 
+def test_a_nan_born_inside_a_library_call_is_reported_at_the_users_call() -> None:
+    """nn.MultiheadAttention with a fully padded sequence: the NaN is born inside PyTorch's code, the
+    line reported is the one that calls it, and a fix that does not make the gradients finite is not
+    called checked."""
+    name = "a_padded_attention.py"
+    report = report_of(name)
+    born = report["born"]
+    assert (report["class"], born["phase"], born["op"], born["function"], born["incoming"]) == (
+        "A", "forward", "multi_head_attention_forward", "encode", "zero")
+    assert born["line"] == line_of(str(CORPUS / name), "# born")
+    rule = next(p for p in report["proposals"] if p["kind"] == "rule")
+    assert not rule["checked"] and rule["check"].startswith("gradients still not finite")
+
+
 @pytest.mark.parametrize("name", sorted(n for n, f in FOUND.items() if f[0] in "AB"))
 def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_finite(
         name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from .propose import propose
 from .replay import Instrumented, RandomState, replay, run
 from .report import Appears, Diagnosis
 from .session import Session
+from .tensors import all_finite
 
 
 def diagnose(script: str, args: list[str] | None = None, steps: int | None = None,
@@ -77,19 +78,25 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, repro
         values = locate.saved_tensors(back.born)
         values += [g for g in back.born.grad_outputs if isinstance(g, torch.Tensor)]
     dtype = values[0].dtype if values else torch.float32
+    # A forward value that a mask or an index left out of the loss, saved by the node whose gradient
+    # it poisons (0 * NaN in a matmul's backward): born in the forward, arriving gradient 0.
+    carried = back.born is not None and reached is not None and seen.backward.loss_finite \
+        and not all_finite(locate.saved_tensors(back.born))
     report.cls = classify(Evidence(
         reproduced=True, entered_parameter=parameter is not None, entered_data=data is not None,
         parameters_were_finite=was_finite, loss_finite=seen.backward.loss_finite,
         forward_birth=reached is not None,
         forward_overflow=reached is not None and locate.overflowed(reached[0], reached[1]),
         backward_birth=back.born is not None,
-        incoming=None if back.born is None else locate.incoming(back.born, locate.born_mask(back.born)),
+        incoming="zero" if carried else None if back.born is None else locate.incoming(
+            back.born, locate.born_mask(back.born)),
         huge=huge(values, dtype)))
     entered = parameter or data
     if report.cls in ("E", "F") and entered is not None:
         report.born = locate.born_entered(entered)
-    elif report.cls in ("C", "D") and reached is not None:
+    elif (report.cls in ("C", "D") or carried) and reached is not None:
         report.born = locate.born_forward(reached[0], reached[1])
+        report.born.incoming = "zero" if carried else None
     elif back.born is not None:
         report.born = locate.born_backward(back.born, seen.forward.frames)
     if back.appears is not None and back.appears is not back.born:

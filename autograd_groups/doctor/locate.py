@@ -79,7 +79,9 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
 
 def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> Forward:
     """Follow non-finite values through the forward's torch calls (inputs made before the step count
-    as from outside) to the births and to what reached the loss ``roots``."""
+    as from outside) to the births and to what reached the loss ``roots``. A call is a birth where
+    it makes a non-finite value from inputs that were finite or held only a meant infinity (an
+    additive ``-inf`` mask, which needs no gradient)."""
     tensors: list[torch.Tensor] = []
     for call in calls:
         if call.finite_now is None:
@@ -95,18 +97,21 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> Forward:
         flags = call.finite_now or [next(read) for _ in range(len(call.inputs) + len(call.outputs))]
         ins, outs = flags[:len(call.inputs)], flags[len(call.inputs):]
         carried: int | None = None
+        inherited = False  # a non-finite input made by the step or entering it (not a meant -inf)
         for tensor, finite in zip(call.inputs, ins):
             if finite:
                 continue
             if id(tensor) in made:
+                inherited = True
                 carried = carried if carried is not None else made[id(tensor)]
             elif _counts_as_entering(tensor):
+                inherited = True
                 if id(tensor) not in entered:
                     entered[id(tensor)] = len(found.entered)
                     found.entered.append(Entered(_describe(tensor), tensor.requires_grad, tensor, call))
                     held.append(tensor)
                 carried = carried if carried is not None else -1 - entered[id(tensor)]
-        born_here = all(ins) and not all(outs)
+        born_here = not inherited and not all(outs)
         for tensor, finite in zip(call.outputs, outs):
             if finite:
                 made[id(tensor)] = None
