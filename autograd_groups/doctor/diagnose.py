@@ -78,18 +78,19 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, repro
         values = locate.saved_tensors(back.born)
         values += [g for g in back.born.grad_outputs if isinstance(g, torch.Tensor)]
     dtype = values[0].dtype if values else torch.float32
-    # A forward value that a mask or an index left out of the loss, saved by the node whose gradient
-    # it poisons (0 * NaN in a matmul's backward): born in the forward, arriving gradient 0.
-    carried = back.born is not None and reached is not None and seen.backward.loss_finite \
-        and not all_finite(locate.saved_tensors(back.born))
+    arrived = None if back.born is None else locate.incoming(back.born, locate.born_mask(back.born))
+    # A forward value that a mask or an index left out of the loss, saved by a node that mixes
+    # elements and whose gradient it poisons (0 * NaN in a matmul's backward): born in the forward,
+    # with 0 arriving there.
+    carried = arrived is None and back.born is not None and reached is not None \
+        and seen.backward.loss_finite and not all_finite(locate.saved_tensors(back.born))
     report.cls = classify(Evidence(
         reproduced=True, entered_parameter=parameter is not None, entered_data=data is not None,
         parameters_were_finite=was_finite, loss_finite=seen.backward.loss_finite,
         forward_birth=reached is not None,
         forward_overflow=reached is not None and locate.overflowed(reached[0], reached[1]),
         backward_birth=back.born is not None,
-        incoming="zero" if carried else None if back.born is None else locate.incoming(
-            back.born, locate.born_mask(back.born)),
+        incoming="zero" if carried else arrived,
         huge=huge(values, dtype)))
     entered = parameter or data
     if report.cls in ("E", "F") and entered is not None:
