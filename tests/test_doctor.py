@@ -27,6 +27,8 @@ FOUND = {
     "a_masked_distance.py": ("A", "backward", "SqrtBackward0", "sqrt", "pairwise"),
     "a_masked_division.py": ("A", "backward", "DivBackward0", "div", "mean_per_bin"),
     "a_gradient_penalty.py": ("A", "backward", "PowBackward0", "pow", "energy"),
+    "a_masked_logsumexp.py": ("A", "backward", "LogBackward0", "log", "log_partition"),
+    "b_gradient_penalty_norm.py": ("B", "backward", "SqrtBackward0", "sqrt", "gradient_norm"),
     "b_rmse_perfect_fit.py": ("B", "backward", "SqrtBackward0", "sqrt", "rmse"),
     "b_pairwise_distance.py": ("B", "backward", "SqrtBackward0", "sqrt", "spread"),
     "b_per_sample_vmap.py": ("B", "backward", "SqrtBackward0", "sqrt", "distance"),
@@ -39,6 +41,14 @@ FOUND = {
     "e_bad_checkpoint.py": ("E", "forward", None, "linear", "<module>"),
 }
 CLEAN = ["clean_mlp.py", "clean_erased_nan.py"]
+#: A and B findings whose only fix is a rule that ag.verify cannot confirm, with why: their rule is
+#: proposed, and not called checked.
+UNCONFIRMED = {
+    # exp(100) overflows float32 only: verify, which works in float64, finds no special point there.
+    "a_softplus_where.py": "ag.verify did not check the rule",
+    # NaN-safe at second order, through a mask applied to the forward's pow.
+    "a_gradient_penalty.py": "ag.verify did not check the rule",
+}
 
 _reports: dict[str, dict] = {}
 
@@ -126,7 +136,15 @@ def test_a_nan_born_inside_a_library_call_is_reported_at_the_users_call() -> Non
     assert not rule["checked"] and rule["check"].startswith("gradients still not finite")
 
 
-@pytest.mark.parametrize("name", sorted(n for n, f in FOUND.items() if f[0] in "AB"))
+@pytest.mark.parametrize("name", sorted(UNCONFIRMED))
+def test_a_rule_that_verify_cannot_confirm_is_not_called_checked(name: str) -> None:
+    proposals = report_of(name)["proposals"]
+    assert [p["kind"] for p in proposals] == ["rule", "advice"]
+    assert not proposals[0]["checked"] and UNCONFIRMED[name] in proposals[0]["check"]
+    assert "gradients finite, equal to the original's" in proposals[0]["check"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FOUND.items() if f[0] in "AB" and n not in UNCONFIRMED))
 def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_finite(
         name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     report = report_of(name)

@@ -2,7 +2,8 @@
 replaying the bad step with it (:mod:`.check`):
 
 1. a native op with a hand-written backward, where the expression that made the born node is one
-   (a square root of a sum of squares: ``torch.linalg.vector_norm``);
+   (a square root of a sum of squares: ``torch.linalg.vector_norm``; a log of a sum of exps:
+   ``torch.logsumexp``), kept only where the running release's backward is finite there;
 2. the matching ``ag.ops`` built-in;
 3. a group on the smallest enclosing function of the user's (a ``with`` block around a statement
    at module level) with its rule: ``NanSafe()`` for class A, a ``Subgradient`` whose condition
@@ -96,25 +97,24 @@ def _owned(path: str, script: str) -> bool:
 
 def _natives(source: Source, born: Born) -> list[Candidate]:
     """A native op and the built-in for the expression on the born line, where it is one they
-    replace: today ``sqrt(sum(x ** 2))``, the Euclidean norm."""
-    if born.op != "sqrt" or born.line is None:
+    replace: a square root of a sum of squares (the Euclidean norm) or a log of a sum of exps."""
+    if born.line is None:
         return []
     for call in source.calls_on(born.line):
-        norm = _norm_of(call)
-        if norm is None:
-            continue
-        x, options = norm
-        found = []
-        for kind, fn in (("native", "torch.linalg.vector_norm"), ("builtin", "vector_norm")):
-            edit = Edit(source)
-            if kind == "builtin":
-                fn = f"{edit.import_library()}.ops.vector_norm"
-            text = f"{fn}({source.segment(x)}{options})"
-            edit.replace(call, text)
-            what = ("a native op with a hand-written backward (0 where the norm is 0)" if kind == "native"
-                    else "the built-in group, whose rule gives 0 where the norm is 0")
-            found.append(Candidate(kind, f"{text}: {what}", edit))
-        return found
+        for op, recognise, native, builtin, what in _REPLACEABLE:
+            found = recognise(call) if born.op == op else None
+            if found is None:
+                continue
+            x, options = found
+            candidates = []
+            for kind, fn in (("native", native), ("builtin", builtin)):
+                edit = Edit(source)
+                if kind == "builtin":
+                    fn = f"{edit.import_library()}.ops.{builtin}"
+                text = f"{fn}({source.segment(x)}{options})"
+                edit.replace(call, text)
+                candidates.append(Candidate(kind, f"{text}: {what[kind]}", edit))
+            return candidates
     return []
 
 
@@ -129,15 +129,47 @@ def _norm_of(call: ast.Call) -> tuple[ast.expr, str] | None:
     x = _square_of(summed)
     if x is None:
         return None
-    args = inner.args if isinstance(inner.func, ast.Attribute) and not _is_torch(inner.func.value) \
-        else inner.args[1:]
+    return x, _reduction(inner, keyword="dim")
+
+
+def _log_sum_exp_of(call: ast.Call) -> tuple[ast.expr, str] | None:
+    """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x."""
+    inner = _unary(call, "log")
+    if not isinstance(inner, ast.Call):
+        return None
+    summed = _unary(inner, "sum", extra=True)
+    if not isinstance(summed, ast.Call):
+        return None
+    x = _unary(summed, "exp")
+    if x is None:
+        return None
+    options = _reduction(inner, keyword=None)
+    return (x, options) if options else None
+
+
+def _reduction(call: ast.Call, keyword: str | None) -> str:
+    """A sum's dimension and keepdim, as arguments to pass on (``dim=`` named by ``keyword``)."""
+    args = call.args if isinstance(call.func, ast.Attribute) and not _is_torch(call.func.value) \
+        else call.args[1:]
     options = ""
     if args:
-        options += f", dim={ast.unparse(args[0])}"
-    for keyword in inner.keywords:
-        if keyword.arg in ("dim", "keepdim"):
-            options += f", {keyword.arg}={ast.unparse(keyword.value)}"
-    return x, options
+        options += f", {keyword}={ast.unparse(args[0])}" if keyword else f", {ast.unparse(args[0])}"
+    for k in call.keywords:
+        if k.arg in ("dim", "keepdim"):
+            options += f", {k.arg}={ast.unparse(k.value)}"
+    return options
+
+
+#: Per born op, the expressions a native op replaces: the op, the recogniser, the native op, the
+#: built-in, and what each one's backward does there.
+_REPLACEABLE = (
+    ("sqrt", _norm_of, "torch.linalg.vector_norm", "vector_norm",
+     {"native": "a native op with a hand-written backward (0 where the norm is 0)",
+      "builtin": "the built-in group, whose rule gives 0 where the norm is 0"}),
+    ("log", _log_sum_exp_of, "torch.logsumexp", "logsumexp",
+     {"native": "a native op with a hand-written backward",
+      "builtin": "the built-in group, whose gradient is 0 for a slice that is all -inf"}),
+)
 
 
 def _is_torch(node: ast.expr) -> bool:
