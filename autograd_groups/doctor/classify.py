@@ -52,8 +52,10 @@ class Evidence:
 def classify(e: Evidence) -> str:
     """The one class of a finding. A value already non-finite in the inputs or parameters at the
     step's start is E (F where the last optimizer step made a finite parameter non-finite), whatever
-    follows; then a birth where the arriving gradient is 0 is A; a forward birth that reaches the
-    loss is C, or D where it is an overflow; a backward birth B, or D where it is an overflow.
+    follows; then a forward birth that reaches the loss is C, or D where it is an overflow (no
+    gradient rule makes that loss finite); then a birth where the arriving gradient is 0 is A, even
+    where a forward infinity made the infinite factor; a backward birth B, or D where it is an
+    overflow.
 
     >>> base = dict(reproduced=True, entered_parameter=False, entered_data=False,
     ...             parameters_were_finite=True, loss_finite=True, forward_birth=False,
@@ -67,10 +69,10 @@ def classify(e: Evidence) -> str:
         return "F" if e.parameters_were_finite else "E"
     if e.entered_data:
         return "E"
-    if e.backward_birth and e.incoming == "zero":
-        return "A"
     if not e.loss_finite or (e.forward_birth and not e.backward_birth):
         return "D" if e.forward_overflow else "C"
+    if e.backward_birth and e.incoming == "zero":
+        return "A"
     if e.backward_birth:
         return "D" if e.huge else "B"
     return "C"

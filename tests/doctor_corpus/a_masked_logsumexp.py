@@ -12,13 +12,13 @@ opt = torch.optim.SGD([scores], lr=0.1)
 
 
 def log_partition(s, mask):
-    masked = s.masked_fill(~mask, float("-inf"))
+    masked = s + torch.where(mask, 0.0, float("-inf"))  # an additive mask, as attention masks are
     return torch.log(torch.exp(masked).sum(-1))  # born
 
 
 for step in range(1, 3):
     z = log_partition(scores, allowed)
-    loss = (z * has_candidates).sum()
+    loss = torch.where(has_candidates, z, 0.0).sum()
     opt.zero_grad()
     loss.backward()
     dump(step, {"scores": scores.grad})
