@@ -329,3 +329,14 @@ def test_the_demos_nan_is_diagnosed_with_a_checked_fix() -> None:
         "SqrtBackward0", "pairwise_distance")
     native = report.proposals[0]
     assert native.kind == "native" and native.checked and "torch.linalg.vector_norm" in native.diff
+
+
+def test_a_distributed_script_is_diagnosed_in_one_process(tmp_path: Path) -> None:
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+        "x = torch.zeros(2, requires_grad=True)\n"
+        "x.sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "B" and "one process was diagnosed: rank 0 of 1" in report.notes[0]

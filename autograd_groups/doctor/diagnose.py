@@ -45,9 +45,9 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     if bad is None:
         return Diagnosis("clean", watched), first.exit or Exit(0)
     report = Diagnosis("found", watched, step=bad.index)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        report.notes.append(f"one process was diagnosed: rank {torch.distributed.get_rank()} of "
-                            f"{torch.distributed.get_world_size()}; the others may differ")
+    if first.process is not None:
+        rank, size = first.process
+        report.notes.append(f"one process was diagnosed: rank {rank} of {size}; the others may differ")
     compiled = any(b.compiled for b in first.session.backwards)
     if compiled:
         report.notes.append("the script compiles: the bad step was replayed eagerly "

@@ -50,11 +50,13 @@ class RandomState:
 
 @dataclass
 class Run:
-    """One run of the script: how it ended and what its session saw."""
+    """One run of the script: how it ended, what its session saw, and for a script that started a
+    process group, its rank and world size."""
 
     exit: Exit | None
     session: Session
     stopped: bool
+    process: tuple[int, int] | None = None
 
 
 def run(path: str, args: list[str], session: Session, start: RandomState, source: str | None = None,
@@ -62,12 +64,20 @@ def run(path: str, args: list[str], session: Session, start: RandomState, source
     """Run the script under ``session`` from the random state ``start``; stop at the session's
     backward."""
     start.restore()
-    with session.installed(), _stance("force_eager" if eager else None):
-        try:
+    distributed = torch.distributed.is_available()
+    before = distributed and torch.distributed.is_initialized()
+    code: Exit | None = None
+    try:
+        with session.installed(), _stance("force_eager" if eager else None):
             code = run_script(path, args, source, passes=(Stop,))
-        except Stop:
-            return Run(None, session, True)
-    return Run(code, session, False)
+    except Stop:
+        pass
+    done = Run(code, session, code is None)
+    if distributed and not before and torch.distributed.is_initialized():
+        # The script's process group: ended, so that the next run can start it again.
+        done.process = (torch.distributed.get_rank(), torch.distributed.get_world_size())
+        torch.distributed.destroy_process_group()
+    return done
 
 
 @contextlib.contextmanager
