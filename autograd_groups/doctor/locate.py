@@ -59,7 +59,7 @@ class Entered:
 
 
 @dataclass
-class Forward:
+class ForwardFinding:
     """What the forward of the bad step made: births in order, which one reached the loss, and
     what entered from outside."""
 
@@ -77,7 +77,7 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
     return [bool(a) for a, _ in both], [bool(b) for _, b in both]
 
 
-def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> Forward:
+def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFinding:
     """Follow non-finite values through the forward's torch calls (inputs made before the step count
     as from outside) to the births and to what reached the loss ``roots``. A call is a birth where
     it makes a non-finite value from inputs that were finite or held only a meant infinity (an
@@ -89,7 +89,7 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> Forward:
             tensors.extend(call.outputs)
     finite_of, _ = _flags(tensors)
     read = iter(finite_of)
-    found = Forward()
+    found = ForwardFinding()
     made: dict[int, int | None] = {}  # id of a tensor the step made -> the birth it carries
     entered: dict[int, int] = {}
     held: list[torch.Tensor] = []  # ids stay unique while the tensors live
@@ -173,7 +173,7 @@ def overflowed(call: Call, tensor: torch.Tensor) -> bool:
 
 
 @dataclass
-class Backward:
+class BackwardFinding:
     """What the backward of the bad step made: the birth, and where a NaN first shows (the node
     anomaly mode names)."""
 
@@ -181,7 +181,7 @@ class Backward:
     appears: Ran | None = None
 
 
-def backward(ran: Sequence[Ran]) -> Backward:
+def backward(ran: Sequence[Ran]) -> BackwardFinding:
     """The first node that received finite gradients and passed on a non-finite one, and the first
     node that passed on a NaN."""
     tensors: list[torch.Tensor] = []
@@ -189,7 +189,7 @@ def backward(ran: Sequence[Ran]) -> Backward:
         tensors.extend(plain(g) for g in (*r.grad_outputs, *r.grad_inputs) if g is not None)
     finite_of, nan_of = _flags(tensors)
     position = 0
-    found = Backward()
+    found = BackwardFinding()
     for r in ran:
         outs = sum(g is not None for g in r.grad_outputs)
         ins = sum(g is not None for g in r.grad_inputs)
