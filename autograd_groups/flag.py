@@ -202,8 +202,8 @@ class special_cases:
                  during: Literal["forward", "backward"] = "forward") -> None:
         if during not in ("forward", "backward"):
             raise ValueError(f"special_cases(during={during!r}): use 'forward' or 'backward'")
-        self.enabled = _enabled(enabled)
-        self.groups = None if groups is None else _group_names(groups)
+        self.enabled: bool = _enabled(enabled)
+        self.groups: tuple[str, ...] | None = None if groups is None else _group_names(groups)
         self.during = during
         self._saved: list[Any] = []
 
