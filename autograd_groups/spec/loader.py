@@ -13,13 +13,16 @@ import os
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from .. import frames
 from ..errors import RuleError, SpecError
 from ..rules import registry
 from ..rules.kinds import Rule
-from .document import Document, Error, Source, read
-from .schema import GroupEntry, Imports, groups
+
+if TYPE_CHECKING:  # the reading modules, and PyYAML with them, are imported by the first spec checked
+    from .document import Error, Source
+    from .schema import GroupEntry, Imports
 
 _origins: weakref.WeakKeyDictionary[Rule, SpecGroup] = weakref.WeakKeyDictionary()
 
@@ -81,6 +84,9 @@ class SpecHandle:
 
 def check(sources: list[Source], *, imports: Imports = "run", replace: bool = False) -> Checked:
     """Check specs together, as if loaded one after the other (with ``replace``); register nothing."""
+    from .document import Document, read
+    from .schema import groups
+
     files: list[tuple[str, tuple[GroupEntry, ...]]] = []
     errors: list[Error] = []
     first: dict[str, GroupEntry] = {}
