@@ -24,8 +24,7 @@ import torch
 
 from . import compat
 from .frames import user_frame
-from .observe import counters
-from .rules import registry
+from .rules import compiled_groups, registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -243,7 +242,7 @@ class special_cases:
 def _warn_compiled(state: FlagState) -> None:
     """Say which groups this backward-scoped ``state`` turns off in vain: those torch.compile fused
     into a compiled backward, whose rules follow the flag at their compiled call."""
-    fused = [name for name in counters.compiled_groups() if not state.for_group(name)]
+    fused = [name for name in sorted(compiled_groups.names()) if not state.for_group(name)]
     if fused:
         warnings.warn(
             f"special_cases(..., during='backward') cannot turn off the rules of "
