@@ -248,4 +248,4 @@ def _warn_compiled(state: FlagState) -> None:
             f"special_cases(..., during='backward') cannot turn off the rules of "
             f"{', '.join(map(repr, fused))} inside torch.compile'd backward graphs: there they follow "
             f"the flag at the compiled call. Set it around the forward instead, "
-            f"with ag.special_cases(False, groups=[...]) (see docs/compile.md)", stacklevel=3)
+            f"with ag.special_cases(False, groups=[...]) (documentation: 'torch.compile')", stacklevel=3)

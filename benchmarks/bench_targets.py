@@ -1,7 +1,7 @@
 """Issue 23's per-call targets: what a NaN-safe group and a tiny group cost against the code they
 replace.
 
-    python benchmarks/bench_targets.py [--repeats N] [--only NAME]
+    python benchmarks/bench_targets.py [--repeats N] [--only NAME]   (--only start: the three start rows)
 
 Each row times two variants side by side (1 thread, float32, forward + backward, medians of
 interleaved runs) and reports the ratio:
@@ -228,8 +228,8 @@ def first_call_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[
                       50, " ms")
 
 
-ROWS = {"entropy": entropy_row, "rodrigues": rodrigues_row, "norm3": norm3_row, "import": import_row,
-        "ops": ops_row, "first call": first_call_row}
+ROWS = {"entropy": entropy_row, "rodrigues": rodrigues_row, "norm3": norm3_row, "start: import": import_row,
+        "start: ops": ops_row, "start: first call": first_call_row}
 
 
 def main() -> None:

@@ -64,7 +64,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the rule sites at backward time", ("sites", "finiteness")),
     ("groups: opening instances and hooking their sites", ("groups",)),
     ("on top of groups: the built-ins, verify", ("ops", "verify")),
-    ("the commands and the package's face", ("", "cli", "spec.cli", "verify.cli", "viz.cli", "viz.script")),
+    ("the commands and the package's face",
+     ("", "__main__", "cli", "spec.cli", "verify.cli", "viz.cli", "viz.script")),
 )
 
 

@@ -81,7 +81,8 @@ def observers(name: str, enabled: bool, where: tuple[str, int],
                 f"group {name!r} runs inside a torch.compile'd graph: its rules are fused into the "
                 f"compiled backward, where trace() and detect_nonfinite() cannot see them and "
                 f"stats() does not count their calls. To inspect the group, run the model eagerly "
-                f"(or the group's caller under torch.compiler.disable); see docs/compile.md",
+                f"(or the group's caller under torch.compiler.disable); see the documentation, "
+                f"'torch.compile'",
                 stacklevel=2)
         return None, False
     counters.count_instance(name, where, enabled)
@@ -108,7 +109,7 @@ def lost_rules(name: str, tracer_name: str) -> str:
             f"has the group's plain ops, so gradients taken through it are the plain composite's "
             f"(NaN at the special points). Differentiate the eager or torch.compile'd model instead, "
             f"or record with the group's special cases off to say you know: "
-            f"`with ag.special_cases(False, groups=[{name!r}]):` (see docs/compile.md)")
+            f"`with ag.special_cases(False, groups=[{name!r}]):` (documentation: 'torch.compile')")
 
 
 def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInstance | None:

@@ -23,7 +23,7 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
     Tagged ops that feed each other directly form one instance, as in
     ``a = tag(x + y, "g"); b = tag(a * y, "g")``. Only the tagged ops are members: tag every op of
-    the compound op (see docs/groups.md).
+    the compound op (documentation: "Groups and rules").
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.ones(2, requires_grad=True)

@@ -206,7 +206,7 @@ class Override:
         self.backward_fn = backward
         self.doc: str = doc or (inspect.getdoc(check) or "")
         #: Whether the check declares (``-> torch.Tensor``) that it answers with a bool tensor, which
-        #: a compiled graph can select on; any other check runs eagerly (see docs/compile.md).
+        #: a compiled graph can select on; any other check runs eagerly (documentation: "torch.compile").
         self.traceable: bool = _returns_tensor(check)
 
     @property

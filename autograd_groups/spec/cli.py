@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              help="list the groups of this spec file instead (repeatable)")
     _imports_flag(list_parser)
     list_parser.add_argument("--json", action="store_true",
-                             help="print the same content as JSON (keys: docs/cli.md)")
+                             help="print the same content as JSON (keys: documentation, 'Command line')")
     list_parser.set_defaults(run=run_list)
 
 

@@ -1,5 +1,5 @@
 """``autograd-groups verify``: run a script as ``viz`` and ``stats`` do, recording what ``ag.verify``
-needs, then check every rule that fired against the math (see docs/verify.md).
+needs, then check every rule that fired against the math (documentation: "Checking rules").
 
 Exit codes: 0 every checked rule is consistent; 1 a rule is inconsistent; 2 usage errors, a missing
 script included; the script's own code when it fails (what it recorded is still checked and shown).
@@ -41,8 +41,8 @@ def register(subparsers: Any) -> None:
         "verify", usage=USAGE, help="run a script and check every rule that fired against the math",
         description="Run SCRIPT.py as `python SCRIPT.py ARGS` would, then check each rule that fired "
                     "in the first N instances of each group: its gradient at the point against the "
-                    "limits of the automatic gradient at nearby points (docs/verify.md). Print a "
-                    "table; exit with 1 if a rule is inconsistent.")
+                    "limits of the automatic gradient at nearby points (help(autograd_groups.verify)). "
+                    "Print a table; exit with 1 if a rule is inconsistent.")
     _script_arguments(verify)
     verify.add_argument("--order", type=int, choices=(1, 2), default=1,
                         help="2: check Hessian-vector products (through create_graph) instead of "
@@ -51,8 +51,8 @@ def register(subparsers: Any) -> None:
                         help=f"check the first N instances of each group where a rule fired "
                              f"(default {MAX_INSTANCES})")
     verify.add_argument("--json", action="store_true",
-                        help="print the report as JSON (keys: docs/cli.md); the script's own output "
-                             "goes to stderr")
+                        help="print the report as JSON (keys: documentation, 'Command line'); "
+                             "the script's own output goes to stderr")
     verify.set_defaults(run=run_verify)
 
 

@@ -14,7 +14,7 @@ function's domain there and is dropped (one-sided limits at a boundary). Where n
 settles, a sequence that keeps growing by :data:`GROWTH` per step has the limit ``+-inf``; any other
 has none.
 
-docs/verify.md explains the tolerances.
+The documentation's "Checking rules" page explains the tolerances.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class Fired:
 def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: int = MAX_INSTANCES,
            **kwargs: Any) -> Report:
     """Run ``fn(*args, **kwargs)`` and check every rule that fired against the limits of the
-    automatic gradient at nearby points, at the elements where it fired (docs/verify.md).
+    automatic gradient at nearby points, at the elements where it fired (documentation: "Checking rules").
 
     ``fn`` runs on copies of its tensor arguments; its outputs' gradient, for a fixed random
     projection, is taken with respect to its floating-point tensor arguments and every leaf that
