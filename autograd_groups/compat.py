@@ -117,7 +117,7 @@ retrieve_all_functorch_interpreters: Callable[[], list[Any]] = find(
 temporarily_clear_interpreter_stack: Callable[[], Any] = find(
     _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
 
-# torch.func.grad's own backward, told apart from Python's frames (sites/levels.py): functorch's
+# torch.func.grad's own backward, told apart from Python's frames (levels.py): functorch's
 # grad_and_value_impl calls its _autograd_grad, which calls torch.autograd.grad.
 _GRAD_OWN = "a group with rules under torch.func.grad"
 _transforms = _module("torch._functorch.eager_transforms")

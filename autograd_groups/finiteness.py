@@ -193,8 +193,8 @@ class Plan:
     MISSES = 6
 
     def __init__(self, sites: Found, compiled: bool) -> None:
-        self.sites = sites
-        self.compiled = compiled
+        self.sites: Found = sites
+        self.compiled: bool = compiled
         self._misses = 0
         self._skip = 0
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.overrides import handle_torch_function
 
+from ..levels import passes_through
 from ..script import Exit, run_script
-from ..sites.levels import passes_through
 from .instruments import BackwardWatch, ForwardWatch, Ran
 from .session import Backward, Grads, Session, Stop
 from .tensors import nodes_of

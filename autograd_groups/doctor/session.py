@@ -20,8 +20,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import compat
+from ..levels import graph_roots, passes_through
 from ..nodes import ACCUMULATE_GRAD
-from ..sites.levels import graph_roots, passes_through
 from .tensors import finite_groups, floating, nodes_of, plain
 
 

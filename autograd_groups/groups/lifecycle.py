@@ -14,6 +14,7 @@ special cases off and no trace session open, a group does nothing at all.
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
 import threading
 import warnings
@@ -291,7 +292,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
         if subgradients:  # all of one op: the node's
             claim.ruled.add(subgradients[0].op_key)
-            claim.cured = claim.cured or any(r.key in _CURES for r in subgradients)
+            claim.cured = claim.cured or any(r.key in _cures() for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
@@ -300,9 +301,13 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         _warn_absent_ops(instance, members)
 
 
-#: Subgradient rules that set the gradient exactly where their op's derivative is infinite: a node
-#: with one passes zeros on where its input is finite (and, for a root, non-negative).
-_CURES = frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
+@functools.cache
+def _cures() -> frozenset[tuple[object, ...]]:
+    """The keys of the subgradient rules that set the gradient exactly where their op's derivative
+    is infinite: a node with one passes zeros on where its input is finite (and, for a root,
+    non-negative). Made at first use: a rule looks its op up in autograd's catalogue, which takes
+    longer than the rest of ``import autograd_groups``."""
+    return frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

@@ -10,10 +10,10 @@ import torch
 from .. import compat, flag
 from ..claims import CLAIM
 from ..instance import GroupInstance
+from ..levels import graph_roots
 from ..observe import anomaly, counters, recording, subgraph, tracer
 from ..rules import registry
 from ..sites import tangents
-from ..sites.levels import graph_roots
 from . import compiled
 from .lifecycle import COMPILED, caller, install_rules, observers, open_instances
 

@@ -108,9 +108,9 @@ class NonFiniteCheck:
     __slots__ = ("instance", "op", "node_class")
 
     def __init__(self, instance: GroupInstance, node: Any) -> None:
-        self.instance = instance
-        self.op = nodes.node_op(node)
-        self.node_class = type(node).__name__
+        self.instance: GroupInstance = instance
+        self.op: str = nodes.node_op(node)
+        self.node_class: str = type(node).__name__
 
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> None:

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from .. import compat, flag, host_reads, nodes
+from .. import compat, flag, host_reads, levels, nodes
 from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import passes_zeros
-from . import levels, saved, second_order
+from . import saved, second_order
 
 Grads = list[torch.Tensor | None]
 

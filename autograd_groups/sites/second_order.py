@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from .. import compat, levels
 from ..errors import SecondOrderWarning
 from ..instance import GroupInstance
 from ..rules.kinds import NanSafe, Subgradient
-from . import levels
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,11 @@ import io
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group, RenderableType
-from rich.markup import escape
-from rich.padding import Padding
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich is imported where a report is drawn: it takes longer than the rest of the package
+    from rich.console import RenderableType
+    from rich.table import Table
 
 CONSISTENT = "consistent"
 INCONSISTENT = "inconsistent"
@@ -128,6 +126,11 @@ class Report:
     def table(self) -> Table:
         """A row per instance with its rules below it: op, point kind, status, worst difference.
         Every column folds rather than cuts when the terminal is narrow."""
+        from rich.markup import escape
+        from rich.padding import Padding
+        from rich.table import Table
+        from rich.text import Text
+
         out = Table(title=f"ag.verify: rules against the limits of the automatic {_what(self.order)}",
                     caption="difference: how far the rule's value lies outside the limits' range")
         out.add_column("instance / rule", overflow="fold")
@@ -151,6 +154,9 @@ class Report:
         return out
 
     def __rich__(self) -> RenderableType:
+        from rich.console import Group
+        from rich.text import Text
+
         counts = self.counts()
         lines = [Text(explain(row)) for row in self.rows if row.status != CONSISTENT]
         summary = Text(", ".join(f"{n} {status}" for status, n in counts.items()))
@@ -159,6 +165,8 @@ class Report:
         return Group(self.table(), *lines, summary)
 
     def __str__(self) -> str:
+        from rich.console import Console
+
         buffer = io.StringIO()
         Console(file=buffer, width=80, color_system=None, highlight=False).print(self)
         return buffer.getvalue()
