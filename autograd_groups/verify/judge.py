@@ -1,0 +1,77 @@
+"""The comparison behind one row of ``ag.verify``: the derivative the rules give, at the elements a
+rule reaches, against a reference.
+
+The reference is the limits of the automatic derivative at nearby points (:mod:`.limits`). Where a
+rule fires at a nearby point too, that point and the smaller steps along its direction are left out
+(their samples are the special point's rounding, not the limit). Where the automatic gradient still
+has no finite limit at an element -- the plain composite's gradient is NaN on a whole neighbourhood,
+as at the self-pairs of a pairwise energy -- the reference there is the function's value instead:
+its one-sided difference quotients along the element's coordinate, extrapolated the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import limits
+from .points import Probe
+
+#: At most this many elements of one point are checked against finite differences (each costs two
+#: runs of the function per step, :data:`~.limits.DIFFERENCE_STEPS`).
+MAX_DIFFERENCES = 64
+
+
+@dataclass
+class Judged:
+    """``compared``: the comparison, element by element; ``differences``: the elements compared
+    against finite differences of the function's value; ``untried``: elements that would have been,
+    past :data:`MAX_DIFFERENCES`."""
+
+    compared: limits.Comparison
+    differences: torch.Tensor
+    untried: torch.Tensor
+
+
+class Judge:
+    """Compares the rules' derivative with the references of one :class:`~.points.Probe`, whose
+    :meth:`~.points.Probe.nearby` gave ``samples``; the refined samples and the finite differences
+    are computed only when an element needs them, once for every rule checked at the point."""
+
+    def __init__(self, probe: Probe, samples: torch.Tensor) -> None:
+        self.probe = probe
+        self.limits = self._estimate(samples)
+        #: The elements with a finite sample along some direction.
+        self.sampled = torch.isfinite(samples).any(1).any(0)
+        self._refined: limits.Limits | None = None
+
+    def _estimate(self, samples: torch.Tensor) -> limits.Limits:
+        special = self.probe.special
+        return limits.estimate(samples, special if special.numel() else None)
+
+    def _unsettled(self, compared: limits.Comparison) -> torch.Tensor:
+        """Where the automatic gradient has no finite limit to compare with: it has none along some
+        direction, or every direction leaves the domain of the function or of the derivative (a
+        coordinate may stay in it: a cross-entropy in its logits, not in its target)."""
+        return compared.no_limit | compared.special | compared.outside
+
+    def compare(self, value: torch.Tensor, reached: torch.Tensor) -> Judged:
+        """``value`` (the rules' derivative) at the elements ``reached``."""
+        compared = limits.compare(value, self.limits, reached)
+        none = torch.zeros_like(reached)
+        if self.probe.order != 1 or not bool(self._unsettled(compared).any()):
+            return Judged(compared, none, none)
+        # Leaving out the nearby points where a rule fires can only help where some samples are
+        # finite; where none is (the self-pairs of a pairwise energy), finite differences are next.
+        if bool((self._unsettled(compared) & self.sampled).any()):
+            if self._refined is None:
+                self._refined = self._estimate(self.probe.refined())
+            compared = limits.compare(value, self._refined, reached)
+        wanted = self._unsettled(compared)
+        if not bool(wanted.any()):
+            return Judged(compared, none, none)
+        chosen = wanted & (wanted.cumsum(0) <= MAX_DIFFERENCES)
+        quotients = limits.estimate(self.probe.differences(chosen))
+        compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
+        return Judged(compared, chosen & compared.checked, wanted & ~chosen)
