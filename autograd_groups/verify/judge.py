@@ -73,5 +73,8 @@ class Judge:
             return Judged(compared, none, none)
         chosen = wanted & (wanted.cumsum(0) <= MAX_DIFFERENCES)
         quotients = limits.estimate(self.probe.differences(chosen))
+        converged = quotients.state == limits.CONVERGED
+        quotients.error = torch.where(converged, torch.maximum(quotients.error, self.probe.rounding),
+                                      quotients.error)
         compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
         return Judged(compared, chosen & compared.checked, wanted & ~chosen)

@@ -31,6 +31,10 @@ STEPS = tuple(10.0 ** -k for k in range(2, 16))
 #: Steps of the finite differences of a function's value (:func:`~.points.Probe.differences`): below
 #: ``1e-10`` the rounding of the value, divided by the step, swamps them.
 DIFFERENCE_STEPS = STEPS[:9]
+#: The error of a difference quotient's limit is at least this many times the rounding of the value
+#: divided by the step where extrapolation's truncation (``h^2``) and rounding (``eps |f| / h``) are
+#: about equal, ``eps^(1/3)``: finite differences cannot resolve less.
+DIFFERENCE_ROUNDING = 16.0
 #: A step is used at an element only where it moves the element by this part of its value or more.
 RESOLVED = 1e-13
 #: Random directions are drawn in pairs ``d, -d``: at a kink they see both sides of every element.

@@ -156,6 +156,8 @@ class Probe:
         self._refined: torch.Tensor | None = None
         self._differences: torch.Tensor | None = None
         self._differenced = torch.zeros(0, dtype=torch.bool)
+        #: Per element, the least error of its difference quotients' limit (their rounding).
+        self.rounding = torch.zeros(0, dtype=torch.float64)
 
     def _random(self, shape: torch.Size) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator, dtype=torch.float64)
@@ -320,12 +322,15 @@ class Probe:
             self._differences = torch.full((2, len(limits.DIFFERENCE_STEPS), n), math.nan,
                                            dtype=torch.float64)
             self._differenced = torch.zeros(n, dtype=torch.bool)
+            self.rounding = torch.zeros(n, dtype=torch.float64)
         todo = elements & ~self._differenced
         if bool(todo.any()):
+            eps = torch.finfo(torch.float64).eps
             with flag.restored(flag.FlagState(False)), tracer.hidden():
                 base = self._value(self._leaves())
                 for k in todo.nonzero().flatten().tolist():
-                    self._differences[:, :, k] = self._quotients(k, base)
+                    self._differences[:, :, k], scale = self._quotients(k, base)
+                    self.rounding[k] = limits.DIFFERENCE_ROUNDING * eps * abs(base) / (eps ** (1 / 3) * scale)
             self._differenced |= todo
         return torch.where(elements, self._differences, math.nan)
 
@@ -334,8 +339,9 @@ class Probe:
         finite = all(bool(torch.isfinite(o.detach()).all()) for o in outputs)
         return float(projected.detach()) if finite else math.nan
 
-    def _quotients(self, k: int, base: float) -> torch.Tensor:
-        """(2, steps) difference quotients at flat element ``k`` (see :meth:`differences`)."""
+    def _quotients(self, k: int, base: float) -> tuple[torch.Tensor, float]:
+        """(2, steps) difference quotients at flat element ``k`` (see :meth:`differences`), and the
+        input's scale the steps were taken in."""
         which, local = 0, k
         while local >= self.point.inputs[which].numel():
             local -= self.point.inputs[which].numel()
@@ -355,7 +361,7 @@ class Probe:
                     found[side, j] = (self._value(xs) - base) / taken
                 except Exception:  # as in nearby: it raises there, outside its domain
                     continue
-        return found
+        return found, scale
 
     def _fired(self, xs: list[torch.Tensor]) -> torch.Tensor:
         """The input-gradient elements that the elements a rule changed at ``xs`` reach."""

@@ -159,14 +159,18 @@ class Report:
         order of the rows; row ``k`` refers to ``notes()[self.note(k)]``."""
         return list(dict.fromkeys(finding(row) for row in self.rows if _noted(row)))
 
-    def table(self) -> Table:
+    def table(self, width: int = 80) -> Table:
         """A row per instance with its rules below it: op, point kind, status (with the number of
-        its note, see :meth:`notes`), worst difference. Every column folds rather than cuts when the
-        terminal is narrow."""
+        its note, see :meth:`notes`), worst difference, for a terminal ``width`` columns wide.
+        Every column folds rather than cuts when the terminal is narrow."""
         out = Table(title=f"ag.verify: rules against the limits of the automatic {_what(self.order)}",
                     caption="difference: how far the rule's value lies outside the limits' range")
-        out.add_column("instance / rule", overflow="fold")
-        out.add_column("op", overflow="fold")
+        # Wide enough for every location (which then wraps whole onto its own line), as far as the
+        # other columns' narrowest (48 columns with the borders) leave room.
+        out.add_column("instance / rule", overflow="fold",
+                       min_width=max(1, min(width - 48, max((len(_display(row.where)) for row in self.rows),
+                                                            default=1))))
+        out.add_column("op", overflow="fold", max_width=12)
         out.add_column("point", overflow="fold")
         out.add_column("status", overflow="fold")
         out.add_column("difference", justify="right", overflow="fold")
@@ -191,7 +195,7 @@ class Report:
         if not self.rows:
             yield Text("no group with rules ran: nothing to check")
             return
-        yield self.table()
+        yield self.table(options.max_width)
         for k, note in enumerate(self.notes()):
             # Wrapped here rather than by rich, which breaks at any space: an index (x1[4, 10]) or a
             # range ([-1, 1]) stays on one line.
