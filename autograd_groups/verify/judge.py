@@ -1,12 +1,12 @@
 """The comparison behind one row of ``ag.verify``: the derivative the rules give, at the elements a
 rule reaches, against a reference.
 
-The reference is the limits of the automatic derivative at nearby points (:mod:`.limits`). Where a
-rule fires at a nearby point too, that point and the smaller steps along its direction are left out
-(their samples are the special point's rounding, not the limit). Where the automatic gradient still
-has no finite limit at an element -- the plain composite's gradient is NaN on a whole neighbourhood,
-as at the self-pairs of a pairwise energy -- the reference there is the function's value instead:
-its one-sided difference quotients along the element's coordinate, extrapolated the same way.
+The reference is the limits of the automatic derivative at nearby points (:mod:`.limits`), without
+the samples at and past a nearby point that is itself special (:meth:`~.points.Probe.nearby`). Where
+the automatic gradient has no finite limit at an element -- the plain composite's gradient is NaN
+on a whole neighbourhood, as at the self-pairs of a pairwise energy -- the reference there is the
+function's value instead: its one-sided difference quotients along the element's coordinate,
+extrapolated the same way.
 """
 
 from __future__ import annotations
@@ -36,15 +36,12 @@ class Judged:
 
 class Judge:
     """Compares the rules' derivative with the references of one :class:`~.points.Probe`, whose
-    :meth:`~.points.Probe.nearby` gave ``samples``; the refined samples and the finite differences
-    are computed only when an element needs them, once for every rule checked at the point."""
+    :meth:`~.points.Probe.nearby` gave ``samples``; the finite differences are computed only where
+    an element needs them, once for every rule checked at the point."""
 
     def __init__(self, probe: Probe, samples: torch.Tensor) -> None:
         self.probe = probe
         self.limits = self._estimate(samples)
-        #: The elements with a finite sample along some direction.
-        self.sampled = torch.isfinite(samples).any(1).any(0)
-        self._refined: limits.Limits | None = None
 
     def _estimate(self, samples: torch.Tensor) -> limits.Limits:
         special = self.probe.special
@@ -60,16 +57,8 @@ class Judge:
         """``value`` (the rules' derivative) at the elements ``reached``."""
         compared = limits.compare(value, self.limits, reached)
         none = torch.zeros_like(reached)
-        if self.probe.order != 1 or not bool(self._unsettled(compared).any()):
-            return Judged(compared, none, none)
-        # Leaving out the nearby points where a rule fires can only help where some samples are
-        # finite; where none is (the self-pairs of a pairwise energy), finite differences are next.
-        if bool((self._unsettled(compared) & self.sampled).any()):
-            if self._refined is None:
-                self._refined = self._estimate(self.probe.refined())
-            compared = limits.compare(value, self._refined, reached)
         wanted = self._unsettled(compared)
-        if not bool(wanted.any()):
+        if self.probe.order != 1 or not bool(wanted.any()):
             return Judged(compared, none, none)
         chosen = wanted & (wanted.cumsum(0) <= MAX_DIFFERENCES)
         quotients = limits.estimate(self.probe.differences(chosen))

@@ -29,8 +29,8 @@ import torch
 #: Step sizes, relative to each input's scale ``max(1, max |x|)``; each is a tenth of the previous.
 STEPS = tuple(10.0 ** -k for k in range(2, 16))
 #: Steps of the finite differences of a function's value (:func:`~.points.Probe.differences`): below
-#: ``1e-10`` the rounding of the value, divided by the step, swamps them.
-DIFFERENCE_STEPS = STEPS[:9]
+#: ``1e-8`` the rounding of the value, divided by the step, swamps them.
+DIFFERENCE_STEPS = STEPS[:7]
 #: The error of a difference quotient's limit is at least this many times the rounding of the value
 #: divided by the step where extrapolation's truncation (``h^2``) and rounding (``eps |f| / h``) are
 #: about equal, ``eps^(1/3)``: finite differences cannot resolve less.

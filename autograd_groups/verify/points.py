@@ -152,8 +152,6 @@ class Probe:
         #: (directions, elements): where a direction met a special point nearby (order 1, see
         #: nearby); its samples from there on are left out.
         self.special = torch.zeros(0, dtype=torch.bool)
-        self._nearby: tuple[list[list[torch.Tensor]], torch.Tensor, torch.Tensor] | None = None
-        self._refined: torch.Tensor | None = None
         self._differences: torch.Tensor | None = None
         self._differenced = torch.zeros(0, dtype=torch.bool)
         #: Per element, the least error of its difference quotients' limit (their rounding).
@@ -276,7 +274,6 @@ class Probe:
             out = self._own_where(broken, directions, out)
         elif bool(broken.any()):
             out = self._cut(broken, out)
-        self._nearby = (directions, out, resolved)
         return torch.where(resolved, out, math.nan) if ran else None
 
     def _cut(self, special: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -284,30 +281,8 @@ class Probe:
         each direction (``special``: directions, steps, elements). Past one, the steps are in the
         special point's rounding: acos of a cosine that rounds to exactly 1 at some steps and to one
         ulp below it at the next gives samples that shrink with the step, as if they tended to 0."""
-        found = special.any(1)
-        self.special = found if self.special.numel() == 0 else self.special | found
+        self.special = special.any(1)
         return torch.where(special.cumsum(1) > 0, math.nan, out)
-
-    def refined(self) -> torch.Tensor:
-        """The samples of :meth:`nearby` (which must have run, at order 1), also cut short where a
-        rule fires at a nearby point and reaches the element: there the plain derivative can be
-        finite and still no sample of the limit (the matmul form of ``cdist``, whose squared
-        distance rounds to 0 or below at small steps, where ``clamp_min`` passes 0). Finding them
-        costs a forward and two backward passes per sample, so it is done only for a point whose
-        elements the cheaper samples leave unchecked; computed once."""
-        if self._nearby is None:
-            raise RuntimeError("Probe.refined() needs Probe.nearby() first")
-        if self._refined is None:
-            directions, out, resolved = self._nearby
-            fired = torch.zeros(out.shape, dtype=torch.bool)
-            for i, direction in enumerate(directions):
-                for j, step in enumerate(limits.STEPS):
-                    try:
-                        fired[i, j] = self._fired(self._leaves([step * d for d in direction])).cpu()
-                    except Exception:  # as in nearby: it raises there, and the sample is unusable
-                        continue
-            self._refined = torch.where(resolved, self._cut(fired & resolved, out), math.nan)
-        return self._refined
 
     def differences(self, elements: torch.Tensor) -> torch.Tensor:
         """One-sided difference quotients of the projection of the outputs (special cases off) at
@@ -362,28 +337,6 @@ class Probe:
                 except Exception:  # as in nearby: it raises there, outside its domain
                     continue
         return found, scale
-
-    def _fired(self, xs: list[torch.Tensor]) -> torch.Tensor:
-        """The input-gradient elements that the elements a rule changed at ``xs`` reach."""
-        recorder = Recorder(record_sites=True)
-        try:
-            with tracer.trace(), recording(recorder), flag.restored(flag.FlagState(True)):
-                projected, _ = self._run(xs)
-            if not projected.requires_grad:
-                return torch.zeros(sum(x.numel() for x in xs), dtype=torch.bool)
-            grads = torch.autograd.grad(projected, xs, retain_graph=True, allow_unused=True)
-            recorder.stop()
-            sites = [site for found in recorder.sites.values() for site in found]
-            if not sites:
-                return torch.zeros(sum(x.numel() for x in xs), dtype=torch.bool)
-            handles = [site.node.register_hook(_poison(site)) for site in sites]
-            try:
-                return self._nan(projected, xs) & ~torch.isnan(self._flat(grads))
-            finally:
-                for handle in handles:
-                    handle.remove()
-        finally:
-            recorder.release()
 
     def _own_where(self, broken: torch.Tensor, directions: list[list[torch.Tensor]],
                    out: torch.Tensor) -> torch.Tensor:
