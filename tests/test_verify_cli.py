@@ -199,3 +199,15 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as exited:
         cli.main(["verify", str(_script(tmp_path)), "--order", "3"])
     assert exited.value.code == 2
+
+
+def test_the_cdist_example_is_checked_at_its_kink(capsys: pytest.CaptureFixture[str]) -> None:
+    """The matmul form's squared distance cancels at small steps, so along some directions the
+    automatic gradient of an identical pair has no limit; the value's finite differences see the
+    cone there (its gradient 0 within the one-sided slopes), and every element is checked."""
+    example = Path(__file__).resolve().parents[1] / "examples" / "cdist.py"
+    assert cli.main(["verify", str(example), "--max-instances", "1", "--json", "--",
+                     "--size", "32", "32", "16", "--repeat", "1"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert (row["instance"], row["status"], row["point"]) == ("cdist#0", "consistent", "kink")
+    assert row["checked"] == 32 * 16 and row["differences"] >= 1
