@@ -42,6 +42,7 @@ class Judge:
     def __init__(self, probe: Probe, samples: torch.Tensor) -> None:
         self.probe = probe
         self.limits = self._estimate(samples)
+        self.logarithmic = _logarithmic(samples)
 
     def _estimate(self, samples: torch.Tensor) -> limits.Limits:
         special = self.probe.special
@@ -50,8 +51,10 @@ class Judge:
     def _unsettled(self, compared: limits.Comparison) -> torch.Tensor:
         """Where the automatic gradient has no finite limit to compare with: it has none along some
         direction, or every direction leaves the domain of the function or of the derivative (a
-        coordinate may stay in it: a cross-entropy in its logits, not in its target)."""
-        return compared.no_limit | compared.special | compared.outside
+        coordinate may stay in it: a cross-entropy in its logits, not in its target). Not where it
+        diverges like a logarithm along some direction (``-(log p + 1)`` at ``p = 0``): the value's
+        one-sided slope is infinite there too, and finite differences would only cost runs."""
+        return (compared.no_limit | compared.special | compared.outside) & ~self.logarithmic
 
     def compare(self, value: torch.Tensor, reached: torch.Tensor) -> Judged:
         """``value`` (the rules' derivative) at the elements ``reached``."""
@@ -67,3 +70,18 @@ class Judge:
                                       quotients.error)
         compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
         return Judged(compared, chosen & compared.checked, wanted & ~chosen)
+
+
+def _logarithmic(samples: torch.Tensor) -> torch.Tensor:
+    """The elements whose samples at the five largest steps, along some direction, change by about
+    the same amount each step, with one sign (within a factor 2): a logarithm's divergence, where a
+    converging sequence's changes shrink about tenfold.
+
+    >>> t = torch.tensor(limits.STEPS, dtype=torch.float64)
+    >>> _logarithmic(torch.stack([t.log(), 1 + t], -1)[None]).tolist()
+    [True, False]
+    """
+    change = samples[:, 1:5] - samples[:, :4]
+    ratio = (change[:, 1:] / change[:, :-1]).abs()
+    steady = (ratio >= 0.5) & (ratio <= 2.0) & (change[:, 1:] * change[:, :-1] > 0)
+    return steady.all(1).any(0)
