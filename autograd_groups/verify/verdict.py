@@ -38,6 +38,8 @@ class Row:
     input-gradient elements compared. At the element that differs most (``input``, ``index``,
     ``input_value``): the rule's value, the limits' range ``low`` to ``high``, how far outside it
     the rule's value lies (``difference``, 0 inside) and how far it may (``tolerance``).
+    ``origin``: where the rule's value is not finite, the op that made it so, and whether that op is
+    the rule's own (see :func:`~autograd_groups.verify.origin.nonfinite_origin`), else "".
     """
 
     group: str
@@ -61,6 +63,7 @@ class Row:
     index: list[int] = field(default_factory=list)
     input_value: float | None = None
     scope: str = ""
+    origin: str = ""
 
 
 def _number(value: float | None) -> str:
@@ -97,6 +100,8 @@ def explain(row: Row) -> str:
                  f"{_number(row.high)}]")
     numbers = (f"at {row.input} = {_number(row.input_value)}, the rules give {_number(row.rule_value)} "
                f"and {limit} (difference {_number(row.difference)}, tolerance {_number(row.tolerance)})")
+    if row.origin:
+        numbers += f"; {row.origin}"
     if row.status == NOT_CHECKED:
         return f"{who}: not checked: {row.reason}. Near {_POINTS[row.point]}, {numbers}"
     return f"{who}: {row.status} at {_POINTS[row.point]}: {numbers}"
