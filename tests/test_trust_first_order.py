@@ -141,3 +141,24 @@ def test_under_torch_func_and_vmap_the_check_is_skipped_without_an_error() -> No
     assert told(lambda: torch.func.grad(lambda a: power(a, y).sum())(x)) == []
     assert told(lambda: torch.func.vmap(torch.func.grad(lambda a: power(a, y).sum()))(x[:, None])) == []
     assert first_order.runs == before
+
+
+def test_only_the_first_backward_pass_at_a_call_site_looks() -> None:
+    power = tc.pow_composite("fo.later")
+    before = first_order.runs
+    found = []
+    for start in (1.0, 0.0):  # one call site: the rule fires in its second pass only
+        x = torch.full((2,), start, dtype=F64, requires_grad=True)
+        found += told(lambda x=x: power(x, torch.ones(2, dtype=F64)).sum().backward())
+    assert found == [] and first_order.runs == before
+
+
+def test_where_a_host_read_is_off_nothing_is_read_or_checked() -> None:
+    from autograd_groups import host_reads
+
+    power = tc.pow_composite("fo.device")
+    before = first_order.runs
+    x = torch.zeros(2, dtype=F64, requires_grad=True)
+    with host_reads.off():
+        assert told(lambda: power(x, torch.ones(2, dtype=F64)).sum().backward()) == []
+    assert first_order.runs == before and torch.equal(x.grad, torch.zeros(2, dtype=F64))
