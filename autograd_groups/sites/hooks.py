@@ -395,7 +395,7 @@ class SiteHook:
         # The usual backward: eager, first order, outside torch.func, and nobody counts elements.
         # Its gradients are plain tensors, which a rule may read and fill in place. Until a user's
         # rule has fired at this call site, what it changed is looked at (first_order.py).
-        look = first_order.wanted(instance)
+        look = self.nan_safe is not _FORMULA and first_order.wanted(instance)
         node = compat.current_autograd_node() if self.subgradients else None
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, True)

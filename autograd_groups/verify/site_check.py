@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from .. import compat
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
@@ -28,10 +29,24 @@ from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Row
 
 @contextlib.contextmanager
 def unobserved() -> Iterator[None]:
-    """Run a group again for a check: no trace session, count or non-finite check sees it."""
+    """Run a group again for a check: no trace session, count, non-finite check or saved-tensor
+    hook of the user's (``save_on_cpu``, a checkpoint's) sees it."""
     with tracer.hidden(), anomaly.paused(), counters.kept(), levels.outside_transforms(), \
-            torch.enable_grad():
+            _without_saved_tensor_hooks(), torch.enable_grad():
         yield
+
+
+@contextlib.contextmanager
+def _without_saved_tensor_hooks() -> Iterator[None]:
+    popped = []
+    while (top := compat.top_saved_tensors_hooks()) is not None:
+        compat.pop_saved_tensors_hooks()
+        popped.append(top)
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(popped):
+            compat.push_saved_tensors_hooks(pack, unpack)
 
 
 def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None = None) -> Verdict:
