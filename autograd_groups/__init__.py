@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from .doctor.inprocess import doctor
 from .errors import (
     ExpressionError,
+    FirstOrderWarning,
     GroupError,
     InertRuleWarning,
     NonFiniteError,
@@ -28,6 +29,8 @@ from .observe.counters import reset_stats, stats
 from .observe.tracer import Trace, trace
 from .rules.kinds import NanSafe, Override, OverrideContext, Subgradient
 from .rules.registry import list_rules, register_rule, registry_scope, special_case, unregister_rule
+from .sites.first_order import is_enabled as rule_checks_enabled
+from .sites.first_order import set_enabled as set_rule_checks
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
 from .verify.verdict import Report, Row
 from .verify.verify import verify
@@ -42,7 +45,8 @@ __all__ = [
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
-    "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor",
+    "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor", "FirstOrderWarning",
+    "set_rule_checks", "rule_checks_enabled",
 ]
 
 

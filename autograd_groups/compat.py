@@ -31,7 +31,8 @@ from .errors import UnsupportedRelease
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
-    "find", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage", "is_batchedtensor",
+    "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
+    "is_batchedtensor",
     "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
     "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks",
     "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "sequence_nr",
@@ -367,6 +368,21 @@ def _disable_when_called(fn: Callable[..., Any]) -> Callable[..., Any]:
 #: the public ``torch.compiler.disable``, applied lazily, where a release lacks the private one.
 disable_dynamo: Callable[[Callable[..., Any]], Callable[..., Any]] = (
     _lookup(torch, "_disable_dynamo") or _disable_when_called)
+
+
+def formula_parent(node: Any) -> Any:
+    """The autograd node whose backward created ``node`` (a node of a derivative formula, made by a
+    backward under ``create_graph`` while anomaly mode was on), or None: anomaly mode keeps it in
+    the node's metadata under a key of its own, which a release may rename.
+
+    >>> x = torch.ones(1, requires_grad=True)
+    >>> with torch.autograd.set_detect_anomaly(True, check_nan=False):
+    ...     (g,) = torch.autograd.grad(x.sin().sum(), x, create_graph=True)
+    >>> formula_parent(g.grad_fn).name(), formula_parent(x.sin().grad_fn)
+    ('SinBackward0', None)
+    """
+    metadata = getattr(node, "metadata", None)
+    return metadata.get("parent_") if isinstance(metadata, dict) else None
 
 
 #: One fused norm of a list of tensors (the doctor's trigger reads it once per backward); None where

@@ -56,6 +56,11 @@ class InertRuleWarning(RuleWarning):
     node of its group's instances."""
 
 
+class FirstOrderWarning(RuleWarning):
+    """A subgradient or NaN-safe rule fired where the function is smooth and gave a gradient that is
+    not the function's there (checked the first time it fires at a call site)."""
+
+
 class SecondOrderWarning(RuleWarning):
     """A second derivative flowed through elements where a subgradient or NaN-safe rule fired:
     there it is the rule's own derivative (0 for a constant gradient), not the function's."""

@@ -65,13 +65,19 @@ def count(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reads: bo
     reads on or off."""
     counts = Counts()
     x = x.detach().requires_grad_()
-    fn(x).sum().backward()  # a first call: the structures cached, the ops' one-time work done
+
+    def call() -> torch.Tensor:
+        # One call site for every call: the one-time work per call site (the first-order check of a
+        # rule that fired there) is the first call's.
+        return fn(x)
+
+    call().sum().backward()  # a first call: the structures cached, the ops' one-time work done
     with contextlib.ExitStack() as stack:
         if not reads:
             stack.enter_context(host_reads.off())
-        grad = torch.ones_like(fn(x))
+        grad = torch.ones_like(call())
         stack.enter_context(_hooks_counted(counts))
         with _Dispatched(counts):
-            out = fn(x)
+            out = call()
             out.backward(grad)
     return counts

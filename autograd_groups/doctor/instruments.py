@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import compat
 from ..nodes import ACCUMULATE_GRAD, saved_names
 from .frames import Frame, user_frame
 from .tensors import finite_flags, floating, plain
@@ -104,7 +105,7 @@ class ForwardWatch(TorchFunctionMode):
         while stack:
             node = stack.pop()
             if node is None or node in self.frames or isinstance(node, ACCUMULATE_GRAD) \
-                    or "parent_" in node.metadata:  # made by a backward: its parent's line is the one
+                    or compat.formula_parent(node) is not None:  # made by a backward: its parent's line
                 continue
             self.frames[node] = frame
             stack.extend(c for c, _ in node.next_functions)

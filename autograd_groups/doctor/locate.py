@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .. import nodes
+from .. import compat, nodes
 from .frames import Frame
 from .instruments import Call, Ran
 from .tensors import plain
@@ -212,7 +212,7 @@ def born_backward(r: Ran, frames: dict[Any, Frame]) -> Born:
     node, order = r.node, 1
     frame = frames.get(node)
     while frame is None:
-        parent = getattr(node, "metadata", {}).get("parent_")
+        parent = compat.formula_parent(node)
         if parent is None:
             break
         node, order = parent, order + 1

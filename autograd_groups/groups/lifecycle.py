@@ -59,10 +59,18 @@ def call_through(module: str) -> None:
 
 
 def caller(depth: int) -> tuple[str, int]:
+    """``(file, line)`` of the code that called a group, ``depth`` frames up: past the functions
+    that call groups for their callers and past PyTorch's own frames, so that a group that
+    ``torch.func.hessian``, ``torch.autograd.functional.hessian`` or ``checkpoint`` called is
+    created at the user's line that called them (where its warnings point)."""
     frame = sys._getframe(depth)
-    while frame.f_globals.get("__name__") in _CALLING_THROUGH and frame.f_back is not None:
+    while frame.f_back is not None and _calls_through(frame.f_globals.get("__name__") or ""):
         frame = frame.f_back
     return frame.f_code.co_filename, frame.f_lineno
+
+
+def _calls_through(module: str) -> bool:
+    return module in _CALLING_THROUGH or module == "torch" or module.startswith("torch.")
 
 
 def observers(name: str, enabled: bool, where: tuple[str, int],

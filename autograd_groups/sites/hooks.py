@@ -20,7 +20,7 @@ from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import passes_zeros
-from . import saved, second_order
+from . import first_order, saved, second_order
 
 Grads = list[torch.Tensor | None]
 
@@ -249,7 +249,8 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
                    plain: bool) -> list[torch.Tensor]:
     """Zero every outgoing gradient element whose incoming gradients are all exactly zero; return
     the masks of the elements it changed (none for a gradient zeroed in place, which is done only
-    where nobody counts: not ``traced``, no graph differentiating this backward).
+    where nobody counts or looks: not ``traced`` -- traced, or looked at by the first-order check --,
+    no graph differentiating this backward).
 
     Outside a graph that differentiates this backward (``plain``) and untraced, a gradient the hook
     owns is zeroed in place: on the CPU (value reads on) by its bits times ``incoming.bool()``,
@@ -393,12 +394,18 @@ class SiteHook:
                 or compat.peek_interpreter_stack() is not None):
             return self._run(grads, grad_outputs, True)
         # The usual backward: eager, first order, outside torch.func, and nobody counts elements.
-        # Its gradients are plain tensors, which a rule may read and fill in place.
+        # Its gradients are plain tensors, which a rule may read and fill in place. Until a user's
+        # rule has fired at this call site, what it changed is looked at (first_order.py).
+        look = self.nan_safe is not _FORMULA and first_order.wanted(instance)
         node = compat.current_autograd_node() if self.subgradients else None
         for rule in self.subgradients:
-            apply_subgradient(rule, self, node, grads, grad_outputs, True)
+            mask = apply_subgradient(rule, self, node, grads, grad_outputs, True)
+            if look:
+                first_order.tell(instance, self.op, rule, [mask], self.index)
         if self.nan_safe is not None:
-            apply_nan_safe(self, node, grads, grad_outputs, False, True)
+            masks = apply_nan_safe(self, node, grads, grad_outputs, look, True)
+            if look:
+                first_order.tell(instance, self.op, self.nan_safe, masks, self.index)
         counters.count_site(instance, self.rules)
         return tuple(grads)
 
@@ -420,8 +427,11 @@ class SiteHook:
         # (never in a first-order backward, which runs with grad mode off).
         second = counted and graphed and any(
             g is not None and levels.differentiated(g, instance.linear_levels) for g in grads)
+        eager = counted and compat.peek_interpreter_stack() is None
         # An eager first-order backward outside torch.func (here: a traced one).
-        plain = counted and not graphed and compat.peek_interpreter_stack() is None
+        plain = eager and not graphed
+        # Whether to look at what the rules changed, for the first-order check (first_order.py).
+        look = eager and self.nan_safe is not _FORMULA and first_order.wanted(instance)
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
@@ -429,12 +439,15 @@ class SiteHook:
             if second:
                 second_order.tell(instance, self.op, rule, [mask], self.index)
         if self.nan_safe is not None:
-            masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
+            masks = apply_nan_safe(self, node, grads, grad_outputs, traced or look, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
                 second_order.tell(instance, self.op, self.nan_safe, masks, self.index)
         if counted:
             self._count(ran, traced)
+        if look:  # after the rules ran and were counted: the check runs the group again
+            for ran_rule, ran_masks in ran:
+                first_order.tell(instance, self.op, ran_rule, ran_masks, self.index)
         return tuple(grads)
 
     def _count(self, ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]], traced: bool) -> None:

@@ -41,6 +41,8 @@ class Verdict:
 
     status: str
     detail: str = ""
+    #: Where the rules' second derivative is not finite: the op that made it so (verify/origin.py).
+    origin: str = ""
 
 
 #: ``(instance, rule, index) -> Verdict``: the check (verify/site_check.py), once installed;
@@ -136,6 +138,19 @@ def untold() -> Iterator[None]:
             _quiet -= 1
 
 
+def quiet() -> bool:
+    """Whether a check or ``ag.verify`` runs now (see :func:`untold`): rule sites then tell of
+    nothing."""
+    return bool(_quiet)
+
+
+def registry(file: str) -> dict[Any, Any]:
+    """The registry that ``warnings`` keeps of what it has shown at each line of ``file``, for a
+    warning located at a call site there."""
+    with _lock:
+        return _registries.setdefault(file, {})
+
+
 def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: list[torch.Tensor],
          index: int | None) -> None:
     """A second derivative flows through the elements ``masks`` where ``rule`` fired at op ``op``
@@ -161,10 +176,8 @@ def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: l
             return
         _told[site] = task
     file, line = instance.site
-    with _lock:
-        registry = _registries.setdefault(file, {})
     warnings.warn_explicit(_message(instance, op, rule, elements, verdict), SecondOrderWarning,
-                           file, line or 1, registry=registry)
+                           file, line or 1, registry=registry(file))
 
 
 def _differentiable(call: Call | None) -> tuple[int | str, ...]:
@@ -200,7 +213,11 @@ def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elem
     if instance.call is None:
         return (f"{where}, which was not checked: {verdict.detail}. Check it with "
                 f"ag.verify(fn, *args, order=2) on the function that contains the group")
-    if verdict.status == "inconsistent":
+    if verdict.origin:
+        found = (f"group {instance.name!r} (created at {instance.where}), rule {rule.label}, at op {op}: "
+                 f"a second derivative flows through {elements} element(s) where the rule fired, and "
+                 f"it is not finite there ({verdict.detail}): {verdict.origin}")
+    elif verdict.status == "inconsistent":
         found = f"{where}, which is not the function's: {verdict.detail}"
     else:
         found = (f"{where}; whether that is the function's could not be checked at the group's own "

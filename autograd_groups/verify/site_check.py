@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .. import levels
+from .. import compat, levels
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
@@ -23,15 +23,29 @@ from ..rules.kinds import NanSafe, Subgradient
 from ..sites.second_order import Batched, Verdict
 from . import verify
 from .points import point_of
-from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED
+from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Row
 
 
 @contextlib.contextmanager
 def unobserved() -> Iterator[None]:
-    """Run a group again for a check: no trace session, count or non-finite check sees it."""
+    """Run a group again for a check: no trace session, count, non-finite check or saved-tensor
+    hook of the user's (``save_on_cpu``, a checkpoint's) sees it."""
     with tracer.hidden(), anomaly.paused(), counters.kept(), levels.outside_transforms(), \
-            torch.enable_grad():
+            _without_saved_tensor_hooks(), torch.enable_grad():
         yield
+
+
+@contextlib.contextmanager
+def _without_saved_tensor_hooks() -> Iterator[None]:
+    popped = []
+    while (top := compat.top_saved_tensors_hooks()) is not None:
+        compat.pop_saved_tensors_hooks()
+        popped.append(top)
+    try:
+        yield
+    finally:
+        for pack, unpack in reversed(popped):
+            compat.push_saved_tensors_hooks(pack, unpack)
 
 
 def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None = None) -> Verdict:
@@ -47,33 +61,68 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
     ...     check_site(t.instances[0], t.instances[0].rules.nan_safe).status
     'consistent'
     """
-    assert instance.call is not None
-    function, args, kwargs, wanted = instance.call
-    fn = function()
-    if fn is None:
-        return Verdict(NOT_CHECKED, "the group's function no longer exists")
-    if any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
-        return Verdict(NOT_CHECKED, "the group ran under vmap, on a batch of inputs: check one of "
-                                    "them with ag.verify(fn, *args, order=2)")
-    with unobserved():
-        point = point_of(autograd_group(instance.name)(fn), args, kwargs,
-                         lambda t: id(t) in wanted)
-        if not point.inputs:
-            return Verdict(NOT_CHECKED, "none of its tensor inputs requires grad")
-        if not any(x.numel() for x in point.inputs):
-            # A second derivative with respect to empty inputs has no element to be wrong.
-            return Verdict(CONSISTENT)
-        fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
-                             instance.where, index)
-        row = verify.check_point(point, [fired], 2, by_id=False)[0]
+    row = _checked(instance, rule, index, 2)
+    if isinstance(row, Verdict):
+        return row
     if row.status == CONSISTENT:
         return Verdict(CONSISTENT)
     if row.status == INCONSISTENT:
         return Verdict(INCONSISTENT, f"at {row.input} the rules give {row.rule_value:.6g} where the "
                                      f"automatic Hessian-vector product tends to "
                                      f"{_range(row.low, row.high)} (for a random vector, "
-                                     f"ag.verify(order=2))")
+                                     f"ag.verify(order=2))", row.origin)
     return Verdict(NOT_CHECKED, row.reason)
+
+
+def check_first_order(instance: GroupInstance, rule: Subgradient | NanSafe,
+                      index: int | None = None) -> Verdict:
+    """Whether the gradient ``rule`` gave at ``instance``'s call is wrong where the function is
+    smooth: "inconsistent" only there (at a kink, a subgradient is a choice the check does not
+    second-guess; where nothing can be compared it is "not checked").
+
+    >>> import torch, autograd_groups as ag
+    >>> with ag.registry_scope():
+    ...     _ = ag.register_rule("power", ag.NanSafe())
+    ...     power = ag.autograd_group("power")(lambda x, y: torch.exp(y * torch.log(x)))
+    ...     with ag.trace() as t:
+    ...         _ = power(torch.zeros(1, requires_grad=True), torch.ones(1))
+    ...     check_first_order(t.instances[0], t.instances[0].rules.nan_safe).status
+    'inconsistent'
+    """
+    row = _checked(instance, rule, index, 1)
+    if isinstance(row, Verdict):
+        return row
+    if row.status == INCONSISTENT and row.point == "smooth":
+        return Verdict(INCONSISTENT, f"at {row.input} = {row.input_value:.6g} the rule gives a gradient "
+                                     f"of {row.rule_value:.6g} where the function's is "
+                                     f"{row.low:.6g} (for a random projection of the group's "
+                                     f"outputs, as ag.verify computes it)", row.origin)
+    return Verdict(CONSISTENT if row.status == CONSISTENT else NOT_CHECKED, row.reason)
+
+
+def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None,
+             order: int) -> Row | Verdict:
+    """``ag.verify``'s row for ``rule`` at ``instance``'s own call, at ``order``; a verdict where
+    there is nothing to check."""
+    assert instance.call is not None
+    function, args, kwargs, wanted = instance.call
+    fn = function()
+    if fn is None:
+        return Verdict(NOT_CHECKED, "the group's function no longer exists")
+    if any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
+        return Verdict(NOT_CHECKED, f"the group ran under vmap, on a batch of inputs: check one of "
+                                    f"them with ag.verify(fn, *args{', order=2' if order == 2 else ''})")
+    with unobserved():
+        point = point_of(autograd_group(instance.name)(fn), args, kwargs,
+                         lambda t: id(t) in wanted)
+        if not point.inputs:
+            return Verdict(NOT_CHECKED, "none of its tensor inputs requires grad")
+        if not any(x.numel() for x in point.inputs):
+            # A derivative with respect to empty inputs has no element to be wrong.
+            return Verdict(CONSISTENT)
+        fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
+                             instance.where, index)
+        return verify.check_point(point, [fired], order, by_id=False)[0]
 
 
 def _range(low: float | None, high: float | None) -> str:

@@ -44,6 +44,8 @@ class Row:
     ``reference`` those limits are of: :data:`LIMITS` (of the automatic derivative at nearby points)
     or :data:`DIFFERENCES` (of the function's value, where the automatic gradient has no finite limit);
     ``differences``: how many of the ``checked`` elements were compared with finite differences.
+    ``origin``: where the rule's value is not finite, the op that made it so, and whether that op is
+    the rule's own (see :func:`~autograd_groups.verify.origin.nonfinite_origin`), else "".
     """
 
     group: str
@@ -69,6 +71,7 @@ class Row:
     scope: str = ""
     reference: str = ""
     differences: int = 0
+    origin: str = ""
 
 
 def _number(value: float | None) -> str:
@@ -122,6 +125,8 @@ def finding(row: Row) -> str:
                  f"{_number(row.high)}]")
     numbers = (f"at {row.input} = {_number(row.input_value)}, the rules give {_number(row.rule_value)} "
                f"and {limit} (difference {_number(row.difference)}, tolerance {_number(row.tolerance)})")
+    if row.origin:
+        numbers += f"; {row.origin}"
     if row.status == NOT_CHECKED:
         return f"not checked: {row.reason}. Near {_POINTS[row.point]}, {numbers}"
     if row.reason:

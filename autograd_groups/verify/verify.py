@@ -15,6 +15,7 @@ own inputs; a ``with`` block or a ``tag`` is no function of its own, so its poin
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from ..rules.kinds import Override, Rule, Subgradient
 from ..sites import second_order
 from . import limits
 from .judge import MAX_DIFFERENCES, Judge, Judged
+from .origin import nonfinite_origin
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
 from .verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, LIMITS, NOT_CHECKED, Report, Row
 
@@ -101,7 +103,8 @@ def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
                   if isinstance(v, torch.Tensor) and v.requires_grad]
         wrt = list({id(t): t for t in [*_leaves(outputs), *copies]}.values())
         try:
-            torch.autograd.grad(projected, wrt, allow_unused=True)
+            with second_order.untold():  # the report says what the rule sites' own checks would
+                torch.autograd.grad(projected, wrt, allow_unused=True)
         except RuntimeError as e:
             raise GroupError(f"ag.verify: the backward of {_name(fn)}'s outputs failed ({e}): fn must "
                              f"return its outputs without calling backward() on them") from e
@@ -389,11 +392,31 @@ def _verdict(f: Fired, order: int, point: Point, at: AtPoint, judged: Judged, re
         return _row(f, order, status, reason)
     k = _worst(compared, at.changed)
     name, index, value = point.element(k)
+    rule_value = float(at.value[k])
+    origin = _origin(f, order, point) if status != CONSISTENT and not math.isfinite(rule_value) else ""
     return _row(f, order, status, reason, point=compared.kind, checked=checked,
                 difference=float(compared.excess[k]), tolerance=float(compared.tolerance[k]),
-                rule_value=float(at.value[k]), low=float(compared.low[k]), high=float(compared.high[k]),
-                input=name, index=index, input_value=value, differences=differences,
+                rule_value=rule_value, low=float(compared.low[k]), high=float(compared.high[k]),
+                input=name, index=index, input_value=value, differences=differences, origin=origin,
                 reference=DIFFERENCES if bool(judged.differences[k]) else LIMITS)
+
+
+def _origin(f: Fired, order: int, point: Point) -> str:
+    """Why the rules' derivative is not finite at ``point``: the op that made it so, and whether
+    that op is the rule's own."""
+    try:
+        found = nonfinite_origin(point, order)
+    except Exception:  # the user's function, run again: the row says what it found without this
+        return ""
+    if found is None:
+        return ""
+    op, place = found
+    if isinstance(f.rule, Subgradient) and op == f.rule.op:
+        return f"the non-finite value is made by {place}, at the rule's op"
+    derivative = "second derivative" if order == 2 else "derivative"
+    return (f"the non-finite value is made by {place}, an op the rule does not change, not by the "
+            f"rule: write that op so that its {derivative} is finite there (or give the group an "
+            f"override whose backward is)")
 
 
 def _worst(compared: limits.Comparison, changed: torch.Tensor) -> int:

@@ -106,13 +106,17 @@ class FoldedGraph:
 def short_where(where: str) -> str:
     """``file:line`` with the file relative to the working directory when it lies inside it."""
     path, sep, line = where.rpartition(":")
-    if not sep:
+    if not sep or not line.isdigit():
         return where
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return where
-    return f"{rel}:{line}" if not rel.startswith("..") else where
+    # Also through symbolic links: the working directory is a resolved path, and a script's may not be.
+    for candidate in (path, os.path.realpath(path)):
+        try:
+            rel = os.path.relpath(candidate)
+        except ValueError:  # another drive, on Windows
+            continue
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            return f"{rel}:{line}"
+    return where
 
 
 def _position(vertex: str) -> tuple[int, str]:
