@@ -7,6 +7,7 @@ True
 
 from .errors import (
     ExpressionError,
+    ForwardModeWarning,
     GroupError,
     InertRuleWarning,
     NonFiniteError,
@@ -36,6 +37,7 @@ __all__ = [
     "special_case", "special_cases", "stats", "tag", "trace", "unregister_rule",
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
+    "ForwardModeWarning",
     "__version__", "Report", "Row", "verify", "UnsupportedRelease",
 ]
 

@@ -19,7 +19,7 @@ from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
-from ..zero_passing import passes_zeros
+from ..zero_passing import ZERO_FACTORS, passes_zeros
 from . import levels, saved, second_order
 
 Grads = list[torch.Tensor | None]
@@ -289,7 +289,26 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
         changed.append(fix)
         _protect_formula(site.instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+    if site.factors and node is not None:
+        _zero_factors(site, node, grads, grad_outputs, changed)
     return changed
+
+
+def _zero_factors(site: SiteHook, node: Any, grads: Grads, grad_outputs: Sequence[torch.Tensor | None],
+                  changed: list[torch.Tensor]) -> None:
+    """Zero each gradient of a product where its factor ``site.factors`` names is exactly zero
+    (``t / p`` of ``xlogy(t, p)`` at ``t = p = 0``): the product is 0 there, ``0 · ∞`` included.
+    Only where the factor has the gradient's shape or broadcasts to it; a gradient summed over a
+    factor's broadcast dimensions is not elementwise in it."""
+    for i, name in site.factors:
+        grad = grads[i] if i < len(grads) else None
+        factor = getattr(node, "_saved_" + name, None)
+        if grad is None or not isinstance(factor, torch.Tensor) or not _fits(factor.shape, grad.shape):
+            continue
+        fix = (factor == 0) & (grad != 0)
+        changed.append(fix)
+        _protect_formula(site.instance, node, grad, grad_outputs)
+        grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
 
 
 def _counted(masks: list[torch.Tensor]) -> int | None:
@@ -351,7 +370,7 @@ class SiteHook:
     """
 
     __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "index", "node_class",
-                 "elementwise", "captured", "zeroed")
+                 "elementwise", "captured", "zeroed", "factors")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any,
@@ -371,6 +390,8 @@ class SiteHook:
         self.vertex = vertex
         self.node_class: type = type(node)
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
+        #: A NaN-safe product's gradients that an exactly zero factor makes 0 (ZERO_FACTORS).
+        self.factors = ZERO_FACTORS.get(self.node_class.__name__, ()) if nan_safe is not None else ()
         self.captured = capture(node, subgradients) if subgradients else {}
 
     @property
@@ -393,7 +414,7 @@ class SiteHook:
             return self._run(grads, grad_outputs, True)
         # The usual backward: eager, first order, outside torch.func, and nobody counts elements.
         # Its gradients are plain tensors, which a rule may read and fill in place.
-        node = compat.current_autograd_node() if self.subgradients else None
+        node = compat.current_autograd_node() if self.subgradients or self.factors else None
         for rule in self.subgradients:
             apply_subgradient(rule, self, node, grads, grad_outputs, True)
         if self.nan_safe is not None:
@@ -409,7 +430,7 @@ class SiteHook:
         graphed = torch.is_grad_enabled()
         if counted:
             # A NaN-safe site reads the node only for the formula a second derivative goes through.
-            node: Any = compat.current_autograd_node() if self.subgradients or graphed else None
+            node: Any = compat.current_autograd_node() if self.subgradients or self.factors or graphed else None
         else:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
@@ -426,12 +447,12 @@ class SiteHook:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                second_order.tell(instance, self.op, rule, [mask], self.index)
+                second_order.tell(instance, self.op, rule, [mask], None if instance.part else self.index)
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                second_order.tell(instance, self.op, self.nan_safe, masks, self.index)
+                second_order.tell(instance, self.op, self.nan_safe, masks, None if instance.part else self.index)
         if counted:
             self._count(ran, traced)
         return tuple(grads)

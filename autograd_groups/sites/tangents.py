@@ -64,6 +64,7 @@ class _Local(threading.local):
     #: The torch.func grad levels that differentiate a vjp in its cotangent alone, to transpose it:
     #: a derivative that is linear, not a second derivative.
     linear: frozenset[int] = frozenset()
+    sites = 0  # how many groups this thread runs by their sites (sites/forward_sites.py)
 
 
 _local = _Local()
@@ -111,7 +112,24 @@ def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> boo
         return False
     if running():
         return False
+    if _local.sites:  # its tangents are its own: the enclosing group's whole vjp is transposed
+        raise Nested()
     return (override and peek_interpreter_stack() is not None) or active(args, kwargs)
+
+
+class Nested(GroupError):
+    """A group with rules (or a ``with`` block or ``tag()`` with rules) was called inside a group
+    that runs by its rule sites: that group must run as the transpose of its whole vjp instead."""
+
+
+@contextmanager
+def by_sites() -> Iterator[None]:
+    """The block runs a group by its rule sites (sites/forward_sites.py)."""
+    _local.sites += 1
+    try:
+        yield
+    finally:
+        _local.sites -= 1
 
 
 def running() -> bool:
@@ -146,11 +164,13 @@ def transposing() -> bool:
 def _inside(transposing: bool = False) -> Iterator[None]:
     _local.inside += 1
     _local.depth += transposing
+    sites, _local.sites = _local.sites, 0
     try:
         yield
     finally:
         _local.inside -= 1
         _local.depth -= transposing
+        _local.sites = sites
 
 
 #: ``(args, kwargs, outputs) -> OverrideContext``: what an override sees of a call.
@@ -226,7 +246,7 @@ class _Call:
             counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)
         if fired is False:
             return automatic
-        if any(_varies(x) for x in inputs):
+        if any(varies(x) for x in inputs):
             # What differentiates the replacement must see the outputs differentiable through the
             # override, as a custom Function's saved outputs are, not through the chain it avoids
             # (one more forward, only where the override fired).
@@ -265,9 +285,24 @@ class _Derivative:
 
 def _reverse(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
              cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
-    """``fn(*inputs)`` and its vjp for output ``cotangents``, by torch.func."""
-    out, vjp_fn = torch.func.vjp(fn, *inputs)[:2]
-    return out, vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+    """``fn(*inputs)`` and its vjp for output ``cotangents``, by torch.func (None for an input that
+    is not floating: a rule site's condition, passed in only because it is a torch.func tensor)."""
+    picked = [i for i, x in enumerate(inputs) if differentiable(x)]
+
+    def of_picked(*xs: torch.Tensor) -> Any:
+        values = list(inputs)
+        for i, x in zip(picked, xs):
+            values[i] = x
+        return fn(*values)
+
+    out, vjp_fn = torch.func.vjp(of_picked, *(inputs[i] for i in picked))[:2]
+    found = iter(vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents))
+    return out, tuple(next(found) if differentiable(x) else None for x in inputs)
+
+
+def differentiable(t: torch.Tensor) -> bool:
+    """Whether ``t`` can carry a gradient or a tangent: a floating or complex tensor."""
+    return t.is_floating_point() or t.is_complex()
 
 
 def _derivative(op: _Call | _Derivative, fn: Callable[..., Any], tensors: tuple[torch.Tensor | None, ...],
@@ -276,7 +311,7 @@ def _derivative(op: _Call | _Derivative, fn: Callable[..., Any], tensors: tuple[
     forward-mode level will ``differentiate`` it, with the tensors that vary as its inputs."""
     if not differentiated:
         return fn(*tensors)
-    varying = [i for i, t in enumerate(tensors) if t is not None and _varies(t)]
+    varying = [i for i, t in enumerate(tensors) if t is not None and varies(t)]
 
     def of_varying(*picked: torch.Tensor) -> Any:
         values = list(tensors)
@@ -366,10 +401,12 @@ class _Transposed(torch.autograd.Function):
 
         def gradients(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
             found = call.vjp(values[:len(inputs)], values[len(inputs):])
-            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs))
+            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs)
+                         if differentiable(x))
 
         with _inside():
-            return (None, *_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
+            found = iter(_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
+        return (None, *(next(found) if differentiable(x) else None for x in inputs))
 
 
 def _at(where: tuple[str, int]) -> str:
@@ -383,13 +420,15 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], ruled: Cal
     see ``context(args, kwargs, outputs)``; tangents and gradients flow through the group's rules
     (see the module's docstring)."""
     flat, spec = tree_flatten((args, kwargs))
+    # A tensor that cannot carry a tangent (a mask, indices) is an input too, without one: vmap's
+    # rule for the op's forward crashes on one it did not pass in (masked_fill, torch 2.13).
     positions = [i for i, v in enumerate(flat)
-                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()) and _varies(v)]
+                 if isinstance(v, torch.Tensor) and (varies(v) or not differentiable(v))]
     call = _Call(name, where, plain, ruled, flat, spec, positions, override, context)
     return _Transposed.apply(call, *(flat[i] for i in positions))
 
 
-def _varies(t: torch.Tensor) -> bool:
+def varies(t: torch.Tensor) -> bool:
     """Whether derivatives may flow through ``t``: a tensor of a ``torch.func`` transform, a dual
     tensor, or one that requires grad. Any other is a constant of the call: as an input of the
     Function, functorch would give it a zero tangent, and ``0 * inf`` (``x / y`` of xlogy at
@@ -404,7 +443,10 @@ def _dual(t: torch.Tensor) -> bool:
 
 def refuse_block(name: str, where: tuple[str, int], form: str) -> GroupError:
     """The error for a ``with`` block or ``tag()`` of a group with rules under forward mode: there
-    is no function boundary to transpose."""
+    is no function boundary to transpose (inside a group that runs by its rule sites, that group's
+    whole vjp is transposed instead)."""
+    if _local.sites:
+        return Nested()
     return GroupError(
         f"group {name!r} (at {_at(where)}) has rules and runs under forward-mode AD (jvp, jacfwd, "
         f"hessian, forward_ad), whose tangents it can only correct for a whole function: {form} has "
