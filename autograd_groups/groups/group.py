@@ -232,8 +232,10 @@ class autograd_group:
                                             lambda a, k: run(a, k, enabled, where, override=False, call=kept),
                                             args, kwargs, override, context)
 
+                    # A NaN-safe rule or an override is a group policy, transposed whole; a
+                    # group of subgradients runs by its rule sites.
                     rules = registry.ruleset(name)
-                    if override is not None or rules.nan_safe is not None or not tangents.active(args, kwargs):
+                    if override is not None or rules.nan_safe is not None:
                         return whole()
                     return forward_sites.run(
                         name, where, fn,

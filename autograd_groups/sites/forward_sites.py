@@ -23,9 +23,11 @@ group and the op).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,9 +47,9 @@ _lock = threading.Lock()
 _made: dict[tuple[Any, ...], frozenset[str]] = {}
 #: The most kinds of call kept: a program calls few functions, but the cache must not grow unbounded.
 _KEPT = 4096
-#: The group functions that call a group with rules, a ``with`` block or ``tag()`` with rules:
-#: their tangents are their whole vjp's transpose.
-_whole: set[Any] = set()
+#: The group functions that call a group with rules, a ``with`` block or ``tag()`` with rules, or an
+#: op without a forward-mode formula: their tangents are their whole vjp's transpose.
+_whole: weakref.WeakSet[Any] = weakref.WeakSet()
 #: Names of dunder methods that differ from their op's (``a / b`` makes ``div``).
 _ALIASES = {"truediv": "div", "rtruediv": "div", "itruediv": "div", "rmul": "mul", "radd": "add",
             "rpow": "pow", "ipow": "pow", "imul": "mul", "iadd": "add", "isub": "sub",
@@ -68,27 +70,36 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part
     ...     (torch.zeros(1),), {}, lambda: None)
     tensor([1.])
     """
-    if plain in _whole:
+    try:
+        known = plain in _whole
+    except TypeError:  # a callable that takes no weak reference is tried every time
+        known = False
+    if known:
         return whole()
     mode = _Sites(name, where, ops, part)
     try:
         with tangents.by_sites(), mode:
             return plain(*args, **kwargs)
     except tangents.Nested:
-        with _lock:
-            _whole.add(plain)
+        _remember(plain)
         return whole()
     except (RuntimeError, NotImplementedError) as e:
         found = _NO_FORMULA.search(str(e))
         if found is None:
             raise
         op = found.group(1) or found.group(2)
+        _remember(plain)
         warnings.warn(ForwardModeWarning(
             f"group {name!r} (created at {tangents._at(where)}): op {op} has no forward-mode formula in "
-            f"torch {torch.__version__}, so the group's tangents are the transpose of its whole vjp "
-            f"here (one backward and one double backward of the group per call), which is NaN where "
-            f"an op's double backward is (docs/groups.md, 'Forward mode')"), stacklevel=3)
+            f"torch {torch.__version__}, so from now on the group's tangents are the transpose of its "
+            f"whole vjp (a backward and a double backward of the group per call), NaN where an op's "
+            f"double backward is NaN (docs/groups.md, 'Forward mode')"), stacklevel=3)
         return whole()
+
+
+def _remember(plain: Callable[..., Any]) -> None:
+    with _lock, contextlib.suppress(TypeError):  # a callable without weak references: tried again
+        _whole.add(plain)
 
 
 class _Sites(TorchFunctionMode):
@@ -142,9 +153,11 @@ def _probe(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[
     """Run the call once on plain copies of its tensors that require grad, outside every transform,
     and read the ops of the nodes it made; by the function's name where that fails."""
     spec = tree_flatten((args, kwargs))[1]
+    # A random op draws on copies without moving the user's generators.
+    devices = sorted({v.device.index or 0 for v in flat if isinstance(v, torch.Tensor) and v.is_cuda})
     try:
         copies = [_copy(v) if isinstance(v, torch.Tensor) else v for v in flat]
-        with levels.outside_transforms(), torch.enable_grad():
+        with levels.outside_transforms(), torch.enable_grad(), torch.random.fork_rng(devices):
             leaves = [c.requires_grad_() if isinstance(c, torch.Tensor) and (
                 c.is_floating_point() or c.is_complex()) else c for c in copies]
             a, k = tree_unflatten(leaves, spec)
@@ -153,7 +166,7 @@ def _probe(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[
         name = getattr(func, "__name__", "").strip("_")
         return frozenset({nodes.op_key(_ALIASES.get(name, name))})
     made: set[str] = set()
-    stack = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    stack: list[Any] = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
     seen: set[int] = set()
     held: list[Any] = []
     while stack:

@@ -430,7 +430,8 @@ class SiteHook:
         graphed = torch.is_grad_enabled()
         if counted:
             # A NaN-safe site reads the node only for the formula a second derivative goes through.
-            node: Any = compat.current_autograd_node() if self.subgradients or self.factors or graphed else None
+            read = self.subgradients or self.factors or graphed
+            node: Any = compat.current_autograd_node() if read else None
         else:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
@@ -443,16 +444,19 @@ class SiteHook:
         # An eager first-order backward outside torch.func (here: a traced one).
         plain = counted and not graphed and compat.peek_interpreter_stack() is None
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
+        # A rule-site call of a group under forward mode is its own instance: its members' places
+        # are not the whole group's, whose call a check re-runs (at all of the rule's sites).
+        index = None if instance.part else self.index
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                second_order.tell(instance, self.op, rule, [mask], None if instance.part else self.index)
+                second_order.tell(instance, self.op, rule, [mask], index)
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                second_order.tell(instance, self.op, self.nan_safe, masks, None if instance.part else self.index)
+                second_order.tell(instance, self.op, self.nan_safe, masks, index)
         if counted:
             self._count(ran, traced)
         return tuple(grads)
