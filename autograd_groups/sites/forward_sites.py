@@ -136,17 +136,25 @@ def _no_context(*_: Any) -> Any:
 
 def _ops_made(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> frozenset[str]:
     """The op keys of the autograd nodes that ``func(*args, **kwargs)`` makes."""
-    flat, _ = tree_flatten((args, kwargs))
-    key = (func, len(args), tuple(kwargs),
-           *((v.dtype, v.dim()) if isinstance(v, torch.Tensor) else type(v) for v in flat))
+    key = (func, *map(_kind, args), *kwargs, *map(_kind, kwargs.values()))
     found = _made.get(key)
     if found is None:
-        found = _probe(func, args, kwargs, flat)
+        found = _probe(func, args, kwargs, tree_flatten((args, kwargs))[0])
         with _lock:
             if len(_made) >= _KEPT:
                 _made.clear()
             _made[key] = found
     return found
+
+
+def _kind(value: Any) -> Any:
+    """What of an argument may decide which nodes a call makes: a tensor's dtype and number of
+    dimensions, a list's kinds (``torch.cat``), any other value's type."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.dim()
+    if isinstance(value, (list, tuple)):
+        return tuple(map(_kind, value))
+    return type(value)
 
 
 def _probe(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], flat: list[Any]) -> frozenset[str]:
