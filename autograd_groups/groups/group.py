@@ -232,15 +232,19 @@ class autograd_group:
                                             lambda a, k: run(a, k, enabled, where, override=False, call=kept),
                                             args, kwargs, override, context)
 
-                    # A NaN-safe rule or an override is a group policy, transposed whole; a
-                    # group of subgradients runs by its rule sites.
+                    # A NaN-safe rule is a group policy, transposed whole; so is an override
+                    # under the reverse-mode transforms, and where its check fires. Otherwise a
+                    # group runs by its rule sites.
                     rules = registry.ruleset(name)
-                    if override is not None or rules.nan_safe is not None:
+                    reverse_only = override is not None and not tangents.active(args, kwargs)
+                    if rules.nan_safe is not None or reverse_only:
                         return whole()
+                    settled = None if override is None else functools.partial(
+                        tangents.declined, name, where, override, context, args, kwargs)
                     return forward_sites.run(
                         name, where, fn,
                         lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, body=f),
-                        frozenset(rules.subgradients), args, kwargs, whole)
+                        frozenset(rules.subgradients), args, kwargs, whole, settled)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:

@@ -60,10 +60,13 @@ _NO_FORMULA = re.compile(r"forward AD with (\S+?) that does not support it|"
 
 
 def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part, ops: frozenset[str],
-        args: tuple[Any, ...], kwargs: dict[str, Any], whole: Callable[[], Any]) -> Any:
+        args: tuple[Any, ...], kwargs: dict[str, Any], whole: Callable[[], Any],
+        declined: Callable[[Any], bool] | None = None) -> Any:
     """Call group ``name`` (subgradient rules on ``ops``, by op key) under forward mode:
     ``plain(*args, **kwargs)`` with every call that makes a rule site run as ``part``, the group's
-    rules applied to that call alone; ``whole()`` is the fallback (see the module's docstring).
+    rules applied to that call alone; ``whole()`` is the fallback (see the module's docstring). A
+    group with an override runs so only where ``declined(outputs)``: its check certainly does not
+    fire on them; elsewhere its tangents are the transpose of its replacement, ``whole()``.
 
     >>> import torch
     >>> run("g", ("<doc>", 1), torch.sinc, lambda f, a, k: f(*a, **k), frozenset({"sqrt"}),
@@ -79,7 +82,7 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part
     mode = _Sites(name, where, ops, part)
     try:
         with tangents.by_sites(), mode:
-            return plain(*args, **kwargs)
+            out = plain(*args, **kwargs)
     except tangents.Nested:
         _remember(plain)
         return whole()
@@ -95,6 +98,7 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part
             f"whole vjp (a backward and a double backward of the group per call), NaN where an op's "
             f"double backward is NaN (docs/groups.md, 'Forward mode')"), stacklevel=3)
         return whole()
+    return out if declined is None or declined(out) else whole()
 
 
 def _remember(plain: Callable[..., Any]) -> None:

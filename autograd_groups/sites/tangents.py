@@ -99,6 +99,25 @@ def _decided(answer: Any) -> bool | torch.Tensor:
         return answer
 
 
+def declined(name: str, where: tuple[str, int], rule: Override, context: Context, args: tuple[Any, ...],
+             kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether override ``rule`` of a call of group ``name`` certainly does not fire on its values
+    ``out``: its check answers False as a Python bool (counted as a check that did not fire). Not
+    where it fires, answers with a vmap batch, raises (the transposed route says why) or the group
+    returns something else than tensors."""
+    outputs = (out,) if isinstance(out, torch.Tensor) else out
+    if not isinstance(outputs, tuple) or not all(isinstance(o, torch.Tensor) for o in outputs):
+        return False
+    try:
+        answer = rule.check(context(args, kwargs, tuple(o.detach() for o in outputs)))
+    except Exception:
+        return False
+    if _decided(answer) is not False:
+        return False
+    counters.count_rule(name, where, rule.label, rule.kind, fired=False)
+    return True
+
+
 def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> bool:
     """Whether a call of a group with rules runs as one ``_Transposed`` op: under forward mode, or,
     for a group with an override, under any ``torch.func`` transform, where the override's own
