@@ -1,5 +1,5 @@
-"""Forward mode by each op's own tangent formula: a group whose rules are all subgradients runs
-under forward mode as its plain function, with each call that makes a rule site replaced by a
+"""Forward mode by each op's own tangent formula: a group without a NaN-safe rule runs under
+forward mode as its plain function, with each call that makes a rule site replaced by a
 one-call op of the group (:class:`~autograd_groups.sites.tangents._Transposed`).
 
 PyTorch computes every other op's tangent with that op's forward-mode formula, as it would without
@@ -16,9 +16,10 @@ the function's name is used (``torch.sqrt`` and ``Tensor.sqrt_`` make ``sqrt``).
 
 Where this cannot run, the group falls back to the transpose of its whole vjp
 (:func:`~autograd_groups.sites.tangents.run`): a group with rules called inside (whose tangents are
-its own), a ``with`` block or ``tag()`` with rules inside, or an op without a forward-mode formula
+its own), a ``with`` block or ``tag()`` with rules inside, an op without a forward-mode formula
 in the running release (said by a :class:`~autograd_groups.errors.ForwardModeWarning` naming the
-group and the op).
+group and the op), or a call that forward AD refuses otherwise (an in-place op on an immutable
+tangent); and an override group wherever its check fires.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part
     except (RuntimeError, NotImplementedError) as e:
         found = _NO_FORMULA.search(str(e))
         if found is None:
-            raise
+            # Forward AD itself refused the function (an in-place op on a tangent PyTorch made
+            # immutable, as ``masked_fill_`` under nested jvp): transposed whole, it runs without
+            # tangents; an error of the function's own is raised there again.
+            return whole()
         op = found.group(1) or found.group(2)
         _remember(plain)
         warnings.warn(ForwardModeWarning(

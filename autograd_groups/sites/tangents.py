@@ -1,17 +1,18 @@
-"""Forward mode (``jvp``, ``jacfwd``, ``forward_ad``): a group's tangents are the transpose of its
-rule-corrected reverse mode.
+"""Forward mode (``jvp``, ``jacfwd``, ``forward_ad``): tangents as the transpose of rule-corrected
+reverse mode, for one rule-site call of a group (:mod:`~autograd_groups.sites.forward_sites`) or for
+a whole group (a NaN-safe one, an override that fires, a group that nests another with rules).
 
 A forward-mode pass computes ``J·t`` op by op while the forward runs, long before any backward hook
 could act, and a tangent that crosses a singular op is already NaN. Instead of a second realisation
-of every rule on tangents, a group with rules runs under forward mode as one ``autograd.Function``
-whose ``jvp`` is the transpose of the group's own vjp, rules and all::
+of every rule on tangents, such a call runs under forward mode as one ``autograd.Function`` whose
+``jvp`` is the transpose of its own vjp, rules and all::
 
     J·t = ∇_u ⟨vjp(u), t⟩        (the vjp with the group's rules, taken at u = 1)
 
 ``vjp`` is linear in ``u``, so the gradient is the same at every ``u``; ``u = 1`` is the piece where
 no output's cotangent is zero, which a NaN-safe rule would otherwise treat as "nothing flows". So
-``jacfwd`` equals ``jacrev`` by construction, for every kind of rule, and an exactly zero tangent
-stays zero wherever the double backward is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
+``jacfwd`` equals ``jacrev`` wherever the double backward of the call's ops is defined, and an
+exactly zero tangent stays zero wherever it is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
 has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed. An
 override's vjp is ``where(check, replacement(u), automatic(u))``, built here from the rule's two
 functions, since the override's own ``autograd.Function`` cannot run under ``torch.func``: for that
