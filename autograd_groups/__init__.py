@@ -5,6 +5,8 @@
 True
 """
 
+from typing import TYPE_CHECKING
+
 from .errors import (
     ExpressionError,
     ForwardModeWarning,
@@ -29,6 +31,9 @@ from .rules.registry import list_rules, register_rule, registry_scope, special_c
 from .spec import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
 from .verify.verdict import Report, Row
 from .verify.verify import verify
+
+if TYPE_CHECKING:  # type checkers see ``ag.ops``; at run time ``__getattr__`` loads it on first use
+    from . import ops
 
 __all__ = [
     "ExpressionError", "GroupError", "GroupInstance", "NanSafe", "Override", "OverrideContext",
@@ -62,4 +67,4 @@ def _version() -> str:
 
 
 __version__ = _version()
-del _version
+del _version, TYPE_CHECKING

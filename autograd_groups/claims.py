@@ -16,11 +16,11 @@ class Claim:
     __slots__ = ("owner", "ruled", "nan_safe", "vertex", "tagged", "cured")
 
     def __init__(self, owner: GroupInstance, vertex: str | None, tagged: bool) -> None:
-        self.owner = owner
+        self.owner: GroupInstance = owner
         self.ruled: set[str] = set()
-        self.nan_safe = False
-        self.vertex = vertex
-        self.tagged = tagged
+        self.nan_safe: bool = False
+        self.vertex: str | None = vertex
+        self.tagged: bool = tagged
         #: Whether a rule applied here sets the gradient where the op's derivative is infinite
         #: (``sqrt`` at ``result == 0``), so that the node passes zeros on (finiteness.py).
-        self.cured = False
+        self.cured: bool = False

@@ -4,9 +4,9 @@ The rest of the package reaches ``torch._C``, ``torch._functorch``, ``torch._dyn
 ``torch.utils._pytree`` -- any ``torch._*`` or ``torch.utils._*`` name -- only through this module
 (tests/test_compat.py checks it), so that a release that renames or drops one breaks one line here,
 not a backward pass, nor ``import autograd_groups``: every name is looked up with :func:`find`.
-Where a supported release (DESIGN.md §6: 2.11 to 2.15) lacks a name, the feature it serves uses a
-public equivalent or raises :class:`UnsupportedRelease` naming the feature and the release --
-never an ``AttributeError`` from ``torch._C``.
+Where a supported release (2.11 to 2.15; documentation: "Guarantees") lacks a name, the feature it
+serves uses a public equivalent or raises :class:`UnsupportedRelease` naming the feature and the
+release -- never an ``AttributeError`` from ``torch._C``.
 
 Dynamo itself is imported lazily: importing it costs a second and changes how compiled autograd
 treats saved values, so the library never imports it for a user who does not compile.
@@ -117,7 +117,7 @@ retrieve_all_functorch_interpreters: Callable[[], list[Any]] = find(
 temporarily_clear_interpreter_stack: Callable[[], Any] = find(
     _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
 
-# torch.func.grad's own backward, told apart from Python's frames (sites/levels.py): functorch's
+# torch.func.grad's own backward, told apart from Python's frames (levels.py): functorch's
 # grad_and_value_impl calls its _autograd_grad, which calls torch.autograd.grad.
 _GRAD_OWN = "a group with rules under torch.func.grad"
 _transforms = _module("torch._functorch.eager_transforms")

@@ -3,7 +3,7 @@ of the group's forward can be non-finite, and so which nodes' backward can meet 
 
 No value is read (no host sync, on any device): only node classes, their edges and the numbers
 autograd keeps on a node (``x / 6``'s divisor, ``x ** 2``'s exponent, ``add``'s ``alpha``), which
-live on the host. What it assumes (docs/groups.md, "Where the hooks go"):
+live on the host. What it assumes (documentation: "Groups and rules", "Where the hooks go"):
 
 - the group's inputs are finite, and so are the tensors and numbers its linear ops and selects use
   that need no gradient (masks, a ``where``'s or ``masked_fill``'s fill value, stacked zeros). A
@@ -193,8 +193,8 @@ class Plan:
     MISSES = 6
 
     def __init__(self, sites: Found, compiled: bool) -> None:
-        self.sites = sites
-        self.compiled = compiled
+        self.sites: Found = sites
+        self.compiled: bool = compiled
         self._misses = 0
         self._skip = 0
 

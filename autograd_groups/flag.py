@@ -24,8 +24,7 @@ import torch
 
 from . import compat
 from .frames import user_frame
-from .observe import counters
-from .rules import registry
+from .rules import compiled_groups, registry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -202,8 +201,8 @@ class special_cases:
                  during: Literal["forward", "backward"] = "forward") -> None:
         if during not in ("forward", "backward"):
             raise ValueError(f"special_cases(during={during!r}): use 'forward' or 'backward'")
-        self.enabled = _enabled(enabled)
-        self.groups = None if groups is None else _group_names(groups)
+        self.enabled: bool = _enabled(enabled)
+        self.groups: tuple[str, ...] | None = None if groups is None else _group_names(groups)
         self.during = during
         self._saved: list[Any] = []
 
@@ -243,10 +242,10 @@ class special_cases:
 def _warn_compiled(state: FlagState) -> None:
     """Say which groups this backward-scoped ``state`` turns off in vain: those torch.compile fused
     into a compiled backward, whose rules follow the flag at their compiled call."""
-    fused = [name for name in counters.compiled_groups() if not state.for_group(name)]
+    fused = [name for name in sorted(compiled_groups.names()) if not state.for_group(name)]
     if fused:
         warnings.warn(
             f"special_cases(..., during='backward') cannot turn off the rules of "
             f"{', '.join(map(repr, fused))} inside torch.compile'd backward graphs: there they follow "
             f"the flag at the compiled call. Set it around the forward instead, "
-            f"with ag.special_cases(False, groups=[...]) (see docs/compile.md)", stacklevel=3)
+            f"with ag.special_cases(False, groups=[...]) (documentation: 'torch.compile')", stacklevel=3)

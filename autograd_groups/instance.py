@@ -41,12 +41,12 @@ class GroupInstance:
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
                  session: Session | None, where: tuple[str, int], watched: bool, transposed: bool,
                  linear_levels: frozenset[int] = frozenset(), recorder: Any = None) -> None:
-        self.name = name
-        self.watched = watched
-        self.rules = rules
-        self.enabled = enabled
-        self.parent = parent
-        self.id = session.new_id(name) if session is not None else name
+        self.name: str = name
+        self.watched: bool = watched
+        self.rules: RuleSet = rules
+        self.enabled: bool = enabled
+        self.parent: GroupInstance | None = parent
+        self.id: str = session.new_id(name) if session is not None else name
         self.graph: Any = None
         if session is not None:
             import networkx as nx
@@ -55,23 +55,23 @@ class GroupInstance:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self.hits: dict[str, int] = {}
-        self.session = session
-        self.recorder = recorder
-        self.nested = False
+        self.session: Session | None = session
+        self.recorder: Any = recorder
+        self.nested: bool = False
         self.merged_into: GroupInstance | None = None
         #: ``(file, line)`` of the forward code that created the instance.
-        self.site = where
+        self.site: tuple[str, int] = where
         self._task = -1
-        self.hooks_pushed = False
+        self.hooks_pushed: bool = False
         #: The backward pass (graph task) that last gave this traced instance non-finite input
         #: gradients, so that a pass is counted once (observe/inputs.py).
-        self.nonfinite_task = -1
+        self.nonfinite_task: int = -1
         #: Whether the instance runs to give a forward-mode pass its tangents (sites/tangents.py):
         #: decided by the caller at forward time, for the hooks that run on the engine's threads.
-        self.transposed = transposed
+        self.transposed: bool = transposed
         #: The grad levels that differentiate this instance's backward only in its cotangent
         #: (sites/tangents.py), decided likewise.
-        self.linear_levels = linear_levels
+        self.linear_levels: frozenset[int] = linear_levels
         #: The forward check (a torch function mode) this instance pushed, under detect_nonfinite().
         self.forward_check: Any = None
         self._start = compat.sequence_nr()

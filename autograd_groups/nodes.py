@@ -67,23 +67,39 @@ def _schema_facts(name: str) -> tuple[bool, int | None]:
 
 
 @functools.lru_cache(maxsize=1)
-def catalogue() -> dict[str, OpInfo]:
-    """Every op with a generated backward node, by :func:`op_key`."""
-    found: dict[str, tuple[str, set[str]]] = {}
+def _node_classes() -> dict[str, tuple[str, tuple[type, ...]]]:
+    """Every op with a generated backward node, by :func:`op_key`: its name and node classes."""
+    found: dict[str, tuple[str, list[type]]] = {}
     for class_name in dir(compat.NODE_CLASSES):
         if not _BACKWARD_SUFFIX.search(class_name) or "BackwardBackward" in class_name:
             continue
         name = op_name_of_class(class_name)
-        cls = getattr(compat.NODE_CLASSES, class_name)
-        found.setdefault(op_key(name), (name, set()))[1].update(_saved_of_class(cls))
-    return {key: OpInfo(name, frozenset(saved), *_schema_facts(name)) for key, (name, saved) in found.items()}
+        found.setdefault(op_key(name), (name, []))[1].append(getattr(compat.NODE_CLASSES, class_name))
+    return {key: (name, tuple(classes)) for key, (name, classes) in found.items()}
+
+
+@functools.cache
+def op_info(key: str) -> OpInfo | None:
+    """The :class:`OpInfo` of the op with :func:`op_key` ``key``, or None if autograd has no node for it.
+
+    Made per op when first asked: reading every node class and ATen schema at once takes longer than
+    importing the package.
+
+    >>> op_info(op_key("sqrt")).saved, op_info(op_key("no_such_op"))
+    (frozenset({'result'}), None)
+    """
+    found = _node_classes().get(key)
+    if found is None:
+        return None
+    name, classes = found
+    return OpInfo(name, frozenset(s for cls in classes for s in _saved_of_class(cls)), *_schema_facts(name))
 
 
 def resolve_op(op: str) -> OpInfo:
     """The :class:`OpInfo` of ``op``, or a :class:`RuleError` naming the closest known ops."""
-    info = catalogue().get(op_key(op))
+    info = op_info(op_key(op))
     if info is None:
-        names = sorted(i.name for i in catalogue().values())
+        names = sorted(name for name, _ in _node_classes().values())
         node_name = op_name_of_class(op) if _BACKWARD_SUFFIX.search(op) else None
         if node_name in names:
             raise RuleError(f"{op!r} is the name of an autograd node (as anomaly mode and grad_fn show "
@@ -134,7 +150,7 @@ def is_pointwise_class(node_class: type) -> bool:
     """Whether the op of an autograd node class is elementwise (ATen's ``pointwise`` tag)."""
     found = _pointwise.get(node_class)
     if found is None:
-        info = catalogue().get(_class_key(node_class))
+        info = op_info(_class_key(node_class))
         found = _pointwise[node_class] = info is not None and info.pointwise
     return found
 

@@ -19,7 +19,7 @@ multiplies the gradient by finite functions of its saved tensors (``mul``, ``sin
 ``0 · x = 0`` wherever they are finite). Which saved values are finite follows from the graph's
 structure (:mod:`autograd_groups.finiteness`); where it cannot tell and the forward may read values
 -- eagerly, on the CPU -- one sum over them per call (:func:`passing_now`) spares a NaN-safe group
-the hooks of the products it still had to hook (docs/groups.md, "Where the hooks go").
+the hooks of the products it still had to hook (documentation: "Groups and rules", "Where the hooks go").
 """
 
 from __future__ import annotations

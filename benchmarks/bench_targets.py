@@ -1,7 +1,7 @@
 """Issue 23's per-call targets: what a NaN-safe group and a tiny group cost against the code they
 replace.
 
-    python benchmarks/bench_targets.py [--repeats N] [--only NAME]
+    python benchmarks/bench_targets.py [--repeats N] [--only NAME]   (--only start: the three start rows)
 
 Each row times two variants side by side (1 thread, float32, forward + backward, medians of
 interleaved runs) and reports the ratio:
@@ -14,13 +14,26 @@ interleaved runs) and reports the ratio:
 - the 3-op group ``sqrt(sum(x * x))`` on a (4, 3) tensor with its ``sqrt`` rule, against the plain
   composite, one row of x zero.
 
+Three more rows time a new interpreter's start (medians of 5 fresh interpreters, after one that
+writes the bytecode caches, as an installed package has them; CPU seconds of the process, which an
+idle machine's clock would show and other processes cannot inflate): ``import autograd_groups``
+after ``import torch``; that and ``ag.ops`` on first use (it loads the built-in spec); and the first
+``ag.ops.cdist`` call with its backward. Each starts after a full garbage collection of what
+``import torch`` left (tens of milliseconds, due at whatever allocates next: it is torch's, not this
+package's).
+
 Before timing, every variant's gradients are checked against a reference.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,7 +176,60 @@ def norm3_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
                       [ratio(grouped["norm3"], norm3, x, reps(False))], 1.6)
 
 
-ROWS = {"entropy": entropy_row, "rodrigues": rodrigues_row, "norm3": norm3_row}
+#: One fresh interpreter's start, printed as three CPU times in seconds.
+_START = """
+import gc, time
+import torch
+gc.collect()
+clock = time.process_time
+start = clock()
+import autograd_groups as ag
+imported = clock()
+ag.ops
+loaded = clock()
+x, y = torch.randn(4, 3, requires_grad=True), torch.randn(5, 3)
+called = clock()
+ag.ops.cdist(x, y).sum().backward()
+print(imported - start, loaded - imported, clock() - called)
+"""
+
+
+@functools.cache
+def start_times(samples: int) -> tuple[float, ...]:
+    """Medians over ``samples`` fresh interpreters of the three times ``_START`` prints, in ms."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ag.__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory() as caches:
+        env["PYTHONPYCACHEPREFIX"] = caches
+        runs = [subprocess.run([sys.executable, "-c", _START], env=env, capture_output=True, text=True,
+                               check=True).stdout for _ in range(samples + 1)]
+    figures = [[1000 * float(f) for f in run.split()] for run in runs[1:]]
+    return tuple(statistics.median(column) for column in zip(*figures))
+
+
+def _samples(reps: Callable[[bool], int]) -> int:
+    return min(reps(False), 5)
+
+
+def import_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
+    return target_row("import autograd_groups after import torch", [start_times(_samples(reps))[0]], 100,
+                      " ms")
+
+
+def ops_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
+    times = start_times(_samples(reps))
+    return target_row("import autograd_groups, then ag.ops (the built-in spec)", [times[0] + times[1]], 100,
+                      " ms")
+
+
+def first_call_row(grouped: dict[str, Fn], reps: Callable[[bool], int]) -> list[str]:
+    return target_row("first ag.ops.cdist call + backward, (4, 3) x (5, 3)", [start_times(_samples(reps))[2]],
+                      50, " ms")
+
+
+ROWS = {"entropy": entropy_row, "rodrigues": rodrigues_row, "norm3": norm3_row, "start: import": import_row,
+        "start: ops": ops_row, "start: first call": first_call_row}
 
 
 def main() -> None:

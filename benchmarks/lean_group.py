@@ -2,13 +2,13 @@
 
 ``profile_call.py`` times these beside the library's group to show how far its per-call cost is
 from the least any Python rule site can cost: ``bare`` finds the nodes a call made, hooks the
-``sqrt`` and at backward compares its saved result with 0 and fills the gradient there, and
-nothing else; ``kept`` adds the bookkeeping the library cannot drop (DESIGN.md): the flag read at
-forward and at backward, the compiler and tracer checks, counts per call site under a lock, an
-instance on the open-group stack and a claim on the hooked node. Neither is a group: one rule,
-one op, no errors, no nesting, no torch.func, no compiler. ``express`` is the library's own
-instance, rule site (``SiteHook``), counts and claim, opened, walked and hooked in one short pass
-for the usual call only: what an express path beside the general one would cost.
+``sqrt`` and at backward compares its saved result with 0 and fills the gradient there, and nothing
+else; ``kept`` adds the bookkeeping the library cannot drop (what docs/guarantees.md promises needs
+it): the flag read at forward and at backward, the compiler and tracer checks, counts per call site
+under a lock, an instance on the open-group stack and a claim on the hooked node. Neither is a
+group: one rule, one op, no errors, no nesting, no torch.func, no compiler. ``express`` is the
+library's own instance, rule site (``SiteHook``), counts and claim, opened, walked and hooked in one
+short pass for the usual call only: what an express path beside the general one would cost.
 """
 
 from __future__ import annotations

@@ -69,6 +69,13 @@ def test_bench_targets_prints_each_target_with_met_or_missed() -> None:
                                         "| 3-op group sqrt(sum(x*x)), (4, 3), rules on vs plain"]
     assert [row[2] for row in rows] == ["≤ 1.3×", "≤ 1.3×", "≤ 1.6×"]
     assert all(row[3] in ("met |", "missed |") for row in rows)
+    starts = [line.split(" | ") for line in done.stdout.splitlines()
+              if line.startswith("| ") and " ms |" in line]
+    assert [(row[0], row[2]) for row in starts] == [
+        ("| import autograd_groups after import torch", "≤ 100 ms"),
+        ("| import autograd_groups, then ag.ops (the built-in spec)", "≤ 100 ms"),
+        ("| first ag.ops.cdist call + backward, (4, 3) x (5, 3)", "≤ 50 ms")]
+    assert all(float(row[1].removesuffix(" ms")) > 0 and row[3] in ("met |", "missed |") for row in starts)
 
 
 def test_target_row_is_met_only_when_every_figure_is_within_the_bound() -> None:

@@ -1,4 +1,4 @@
-"""Rules that would never take effect are said, by name (DESIGN.md §7): a rule registered under a
+"""Rules that would never take effect are said, by name (docs/guarantees.md): a rule registered under a
 name no group uses, a rule whose op is in no node of its group, a condition that can never hold,
 a constant gradient other than 0."""
 

@@ -51,20 +51,48 @@ def test_no_import_cycles_between_modules() -> None:
     assert cycles == []
 
 
-def test_rule_sites_stand_below_the_groups() -> None:
-    """``sites/`` (what runs at backward) imports nothing from ``groups/`` (what opens instances and
-    hooks the sites): the layers of docs/groups.md's module map."""
+#: The package's layers, lowest first. A module may import the modules of its own layer and of the
+#: layers below it, never of one above. It belongs to the layer of the longest name that is it or a
+#: package holding it ("" is the package's own ``__init__``, the public face over everything).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("PyTorch's private API, errors, call sites, autograd's ops, torch.func levels",
+     ("compat", "errors", "frames", "host_reads", "nodes", "levels")),
+    ("rules and the spec files that declare them", ("rules", "spec")),
+    ("what a group instance decides at forward time", ("flag", "instance", "claims", "zero_passing")),
+    ("drawing a traced graph", ("viz",)),
+    ("observing: traces, counts, non-finite checks, recordings", ("observe",)),
+    ("the rule sites at backward time", ("sites", "finiteness")),
+    ("groups: opening instances and hooking their sites", ("groups",)),
+    ("on top of groups: the built-ins, verify", ("ops", "verify")),
+    ("the commands and the package's face",
+     ("", "__main__", "cli", "spec.cli", "verify.cli", "viz.cli", "viz.script")),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`LAYERS` of a module of the package, or None if no layer names it."""
+    name = module.removeprefix("autograd_groups").removeprefix(".")
+    found = [(len(prefix), k) for k, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+             if name == prefix or (prefix and name.startswith(prefix + "."))]
+    return max(found)[1] if found else None
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert unplaced == [], f"add these modules to a layer of LAYERS: {unplaced}"
+
+
+def test_no_import_runs_back_up_a_layer() -> None:
+    """Rule sites count into ``observe/``, never the other way; the flag reads the set of compiled
+    groups from ``rules/``, not from the counters; ``levels.py`` (torch.func plumbing) sits beside
+    ``compat.py``, below everything that reads it; nothing below ``verify/`` imports it."""
     graph = import_graph()
-    upward = [(a, b) for a, b in graph.edges if a.startswith("autograd_groups.sites.")
-              and b.startswith("autograd_groups.groups")]
+    upward = sorted(f"{a} ({LAYERS[layer_of(a) or 0][0]}) imports {b} ({LAYERS[layer_of(b) or 0][0]})"
+                    for a, b in graph.edges if (layer_of(b) or 0) > (layer_of(a) or 0))
     assert upward == []
 
 
-def test_verify_stands_above_the_rest() -> None:
-    """``verify/`` (``ag.verify`` and its command) re-runs groups and reads what ``observe/`` recorded:
-    nothing below it (``groups/``, ``sites/``, ``observe/``, ``rules/``, the root's modules) imports it."""
-    graph = import_graph()
-    top = ("autograd_groups", "autograd_groups.cli")
-    upward = [(a, b) for a, b in graph.edges if b.startswith("autograd_groups.verify")
-              and not a.startswith("autograd_groups.verify") and a not in top]
-    assert upward == []
+def test_layer_of_takes_the_longest_name() -> None:
+    names = ("autograd_groups", "autograd_groups.viz.fold", "autograd_groups.viz.cli",
+             "autograd_groups.levels", "autograd_groups.sites.levels")
+    assert [layer_of(m) for m in names] == [8, 3, 8, 0, 5]

@@ -1,4 +1,4 @@
-"""Second order through a rule (DESIGN.md §7): where a second derivative flows through elements at
+"""Second order through a rule (docs/guarantees.md): where a second derivative flows through elements at
 which a subgradient or NaN-safe rule fired, it is the rule's own derivative; the first time at a call
 site the library checks it there, and warns, naming group, rule and call site, if it is not the
 function's or cannot be checked; never in first-order code. The cases of issue 28 are in

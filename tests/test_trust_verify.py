@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch.func import jacrev
 
 import autograd_groups as ag
-from autograd_groups.verify.verdict import CONSISTENT, END_TO_END, INCONSISTENT, NOT_CHECKED
+from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, NOT_CHECKED
 
 F64 = torch.float64
 
@@ -70,12 +70,13 @@ def test_a_gp_kernel_of_ops_cdist_is_flagged_end_to_end(kernel: Callable[..., to
     assert "end to end (through the function given to ag.verify)" in " ".join(str(report).split())
 
 
-def test_not_checked_says_when_only_the_plain_composites_derivative_is_not_finite() -> None:
+def test_where_only_the_plain_composites_derivative_is_not_finite_the_values_differences_check_it() -> None:
     divide = tc.guarded_division("trust.wording")
     zeros = torch.zeros(2, dtype=F64)
     (row,) = quiet_verify(lambda y: divide(zeros, y), torch.tensor([1.0, 2.0], dtype=F64)).rows
-    assert row.status == NOT_CHECKED
-    assert "the function is finite nearby, but the plain composite's automatic gradient is not" in row.reason
+    # d/dy y = 1 at every element, and the projection's weight is the derivative checked.
+    assert (row.status, row.point, row.reference, row.differences) == (CONSISTENT, "smooth", DIFFERENCES, 2)
+    assert "checked against finite differences of the function's value" in row.reason
     assert "domain" not in row.reason
     # At order 2 it is checked: d²/dy² y = 0.
     (row,) = quiet_verify(lambda y: divide(zeros, y), torch.tensor([1.0, 2.0], dtype=F64), order=2).rows

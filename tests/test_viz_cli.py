@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -362,3 +363,20 @@ def test_a_near_miss_of_a_traced_group_says_did_you_mean(tmp_path: Path,
         assert cli.main(["viz", source, "--group", "alhpa"]) == 1
     assert ("no instance of group 'alhpa' was traced; traced groups: alpha, beta; did you mean 'alpha'?"
             in capsys.readouterr().err)
+
+
+def test_stats_draws_keep_on_in_a_neutral_colour_and_only_non_finite_gradients_in_red() -> None:
+    from rich.console import Console
+
+    from autograd_groups.viz import stats
+
+    rule = stats.RuleRow("subgradient(sqrt: result == 0 -> 0)", "subgradient", calls=1, changed=1)
+    found = [stats.GroupReport("kept", 1, 0, 1, rules=[rule]),
+             stats.GroupReport("broken", 1, 0, 1, rules=[rule], nonfinite=1)]
+    assert [r.verdict for r in found] == [stats.KEEP, stats.NONFINITE]
+    console = Console(record=True, width=100, color_system="standard", force_terminal=True)
+    console.print(stats.group_table(found))
+    styled = re.findall(r"\x1b\[([\d;]+)m(keep on|non-finite gradients)", console.export_text(styles=True))
+    drawn = {verdict: codes.split(";") for codes, verdict in styled}
+    red = "31"  # the ANSI foreground code of the error colour
+    assert red not in drawn["keep on"] and red in drawn["non-finite gradients"], drawn

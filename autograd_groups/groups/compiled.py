@@ -65,7 +65,7 @@ def untraceable_check(name: str) -> str:
             f"eagerly, as a graph break (an error under fullgraph=True). To compile it into the graph, "
             f"declare the check `-> torch.Tensor` and return a bool tensor (`return (ctx.outputs[0] == 0)"
             f".any()`, without bool()): both backwards are then computed and torch.where picks "
-            f"(docs/compile.md)")
+            f"(documentation: 'torch.compile')")
 
 
 def refuse_export(name: str) -> None:

@@ -15,10 +15,10 @@ from torch.overrides import TorchFunctionMode
 from .. import compat, flag
 from ..errors import GroupError
 from ..instance import GroupInstance
+from ..levels import graph_roots
 from ..rules import registry
 from ..rules.kinds import OverrideContext
 from ..sites import forward_sites, second_order, tangents
-from ..sites.levels import graph_roots
 from . import compiled
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
 from .override import run_override

@@ -14,6 +14,7 @@ special cases off and no trace session open, a group does nothing at all.
 from __future__ import annotations
 
 import difflib
+import functools
 import sys
 import threading
 import warnings
@@ -80,7 +81,8 @@ def observers(name: str, enabled: bool, where: tuple[str, int],
                 f"group {name!r} runs inside a torch.compile'd graph: its rules are fused into the "
                 f"compiled backward, where trace() and detect_nonfinite() cannot see them and "
                 f"stats() does not count their calls. To inspect the group, run the model eagerly "
-                f"(or the group's caller under torch.compiler.disable); see docs/compile.md",
+                f"(or the group's caller under torch.compiler.disable); see the documentation, "
+                f"'torch.compile'",
                 stacklevel=2)
         return None, False
     counters.count_instance(name, where, enabled)
@@ -107,7 +109,7 @@ def lost_rules(name: str, tracer_name: str) -> str:
             f"has the group's plain ops, so gradients taken through it are the plain composite's "
             f"(NaN at the special points). Differentiate the eager or torch.compile'd model instead, "
             f"or record with the group's special cases off to say you know: "
-            f"`with ag.special_cases(False, groups=[{name!r}]):` (see docs/compile.md)")
+            f"`with ag.special_cases(False, groups=[{name!r}]):` (documentation: 'torch.compile')")
 
 
 def open_instance(name: str, enabled: bool, where: tuple[str, int]) -> GroupInstance | None:
@@ -290,7 +292,7 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
             claim = node.metadata[CLAIM] = Claim(instance, vertex, tagged)
         if subgradients:  # all of one op: the node's
             claim.ruled.add(subgradients[0].op_key)
-            claim.cured = claim.cured or any(r.key in _CURES for r in subgradients)
+            claim.cured = claim.cured or any(r.key in _cures() for r in subgradients)
         claim.nan_safe = claim.nan_safe or nan_safe is not None
     if instance.watched:
         anomaly.watch(instance, members)
@@ -299,9 +301,13 @@ def install_rules(instance: GroupInstance, members: list[Any], vertices: dict[in
         _warn_absent_ops(instance, members)
 
 
-#: Subgradient rules that set the gradient exactly where their op's derivative is infinite: a node
-#: with one passes zeros on where its input is finite (and, for a root, non-negative).
-_CURES = frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
+@functools.cache
+def _cures() -> frozenset[tuple[object, ...]]:
+    """The keys of the subgradient rules that set the gradient exactly where their op's derivative
+    is infinite: a node with one passes zeros on where its input is finite (and, for a root,
+    non-negative). Made at first use: a rule looks its op up in autograd's catalogue, which takes
+    longer than the rest of ``import autograd_groups``."""
+    return frozenset({Subgradient(op="sqrt", when="result == 0", grad=0).key})
 
 
 #: Ops a rule's op is often written as: ``x ** 0.5`` makes a ``pow`` node, not a ``sqrt`` one.

@@ -92,7 +92,7 @@ class _OverrideFunction(torch.autograd.Function):
             fired = answer if picked else bool(answer)
         except Exception as e:
             hint = (" Under torch.compile the check must return its answer as a bool tensor, without "
-                    "bool() or .item() (see docs/compile.md)" if traced else "")
+                    "bool() or .item() (documentation: 'torch.compile')" if traced else "")
             raise RuleError(f"group {instance.name!r} (created at {instance.where}), rule "
                             f"{rule.label}: the check raised {e!r}.{hint}") from e
         if not traced:

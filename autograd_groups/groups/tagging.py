@@ -10,10 +10,10 @@ import torch
 from .. import compat, flag
 from ..claims import CLAIM
 from ..instance import GroupInstance
+from ..levels import graph_roots
 from ..observe import anomaly, counters, recording, subgraph, tracer
 from ..rules import registry
 from ..sites import tangents
-from ..sites.levels import graph_roots
 from . import compiled
 from .lifecycle import COMPILED, caller, install_rules, observers, open_instances
 
@@ -23,7 +23,7 @@ def tag(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
     Tagged ops that feed each other directly form one instance, as in
     ``a = tag(x + y, "g"); b = tag(a * y, "g")``. Only the tagged ops are members: tag every op of
-    the compound op (see docs/groups.md).
+    the compound op (documentation: "Groups and rules").
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.ones(2, requires_grad=True)

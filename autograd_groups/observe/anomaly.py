@@ -108,9 +108,9 @@ class NonFiniteCheck:
     __slots__ = ("instance", "op", "node_class")
 
     def __init__(self, instance: GroupInstance, node: Any) -> None:
-        self.instance = instance
-        self.op = nodes.node_op(node)
-        self.node_class = type(node).__name__
+        self.instance: GroupInstance = instance
+        self.op: str = nodes.node_op(node)
+        self.node_class: str = type(node).__name__
 
     def __call__(self, grad_inputs: Sequence[torch.Tensor | None],
                  grad_outputs: Sequence[torch.Tensor | None]) -> None:
@@ -195,7 +195,7 @@ class _Origin:
             f"op {self.op} at {self.where}{shown} made {self.count} NaN/inf of {self.total} elements from "
             f"{self.inputs}, and it reaches the group's output. No gradient rule can fix a forward "
             f"value: rewrite the group so that the op only sees inputs where it is finite, with "
-            f"torch.where or clamp (see docs/tutorial.md, 'A NaN in the forward pass')",
+            f"torch.where or clamp (see the documentation's 'Tutorial', 'A NaN in the forward pass')",
             inst.name, inst.id, self.op, self.where)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..instance import GroupInstance
-from ..rules import registry
+from ..rules import compiled_groups, registry
 from ..rules.kinds import Rule
 
 #: Where an instance was created: ``(file, line)``, as :attr:`GroupInstance.site`.
@@ -46,9 +46,6 @@ class _SiteCounter:
 
 _lock = threading.Lock()
 _sites: dict[str, dict[Site, _SiteCounter]] = {}
-# Groups that ran inside compiled code. A plain set, no lock: adding to it is atomic, and it is
-# also done from a hook that compiled autograd traces with Dynamo, which cannot enter a lock.
-_compiled: set[str] = set()
 
 
 def _site(name: str, site: Site) -> _SiteCounter:
@@ -69,12 +66,7 @@ def count_instance(name: str, site: Site, enabled: bool, delta: int = 1) -> None
 def count_compiled(name: str) -> None:
     """A compiler traced an instance or a rule site of ``name`` into a compiled graph, where nothing
     is counted."""
-    _compiled.add(name)
-
-
-def compiled_groups() -> list[str]:
-    """The groups torch.compile has traced into a compiled graph."""
-    return sorted(_compiled)
+    compiled_groups.add(name)
 
 
 def count_backward(name: str, site: Site) -> None:
@@ -175,12 +167,13 @@ def stats() -> dict[str, dict[str, Any]]:
     >>> ag.reset_stats(); ag.stats()
     {}
     """
+    compiled = compiled_groups.names()
     with _lock:
-        names = [*_sites, *sorted(_compiled - set(_sites))]
+        names = [*_sites, *sorted(compiled - set(_sites))]
         snapshot = {name: {site: _counts(c) for site, c in _sites.get(name, {}).items()} for name in names}
         totals = {name: _counts(_total(list(_sites.get(name, {}).values()))) for name in names}
     return {
-        name: {**totals[name], "compiled": name in _compiled, "registered": registry.has_rules(name),
+        name: {**totals[name], "compiled": name in compiled, "registered": registry.has_rules(name),
                "sites": {_where(site): counts for site, counts in snapshot[name].items()}}
         for name in names
     }
@@ -190,7 +183,7 @@ def reset_stats() -> None:
     """Forget all counts."""
     with _lock:
         _sites.clear()
-        _compiled.clear()
+        compiled_groups.reset()
 
 
 @contextlib.contextmanager
@@ -206,12 +199,11 @@ def kept() -> Iterator[None]:
     {}
     """
     with _lock:
-        sites, compiled = copy.deepcopy(_sites), set(_compiled)
+        sites, compiled = copy.deepcopy(_sites), compiled_groups.names()
     try:
         yield
     finally:
         with _lock:
             _sites.clear()
             _sites.update(sites)
-            _compiled.clear()
-            _compiled.update(compiled)
+            compiled_groups.reset(compiled)

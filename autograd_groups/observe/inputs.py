@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from .. import compat, levels
 from ..instance import GroupInstance
-from ..sites import levels
 from . import counters
 
 

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
-from ..sites import levels
+from .. import compat, levels
 
 
 @dataclass

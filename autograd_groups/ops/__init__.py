@@ -3,7 +3,8 @@
 Each op is written from primitive PyTorch ops, marked as a group named ``ops.<op>``, and its special
 cases are declared in ``builtin.yaml`` beside this file, loaded once, when this package is imported
 (``import autograd_groups`` alone does not import it).
-Signatures follow PyTorch's; docs/builtins.md lists every special point and the rule for it.
+Signatures follow PyTorch's; the documentation's "Built-in ops" page lists every special point and
+the rule for it.
 
 >>> import torch, autograd_groups as ag
 >>> x1 = torch.tensor([[0.0, 1.0], [2.0, 3.0]], requires_grad=True)

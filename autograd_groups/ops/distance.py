@@ -147,6 +147,23 @@ def _first_largest(x: torch.Tensor) -> torch.Tensor:
     return torch.where((x == top) | (x != x), columns, x.shape[-1]).amin(-1).long()
 
 
+def _pairs_of_matrices(a: torch.Size, b: torch.Size) -> int:
+    """The number of matrices that batch shapes ``a`` and ``b`` broadcast to, in eager code.
+
+    Not ``torch.broadcast_shapes(a, b).numel()``: its first call imports sympy, most of a second.
+
+    >>> _pairs_of_matrices(torch.Size([3, 1]), torch.Size([4]))
+    12
+    >>> _pairs_of_matrices(torch.Size([0]), torch.Size([1]))
+    0
+    """
+    n = max(len(a), len(b))
+    pairs = list(zip((1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)))
+    if any(i != j and 1 not in (i, j) for i, j in pairs):
+        raise RuntimeError(f"ops.cdist: the batch shapes {tuple(a)} and {tuple(b)} do not broadcast")
+    return math.prod(j if i == 1 else i for i, j in pairs)
+
+
 def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """``sqrt(sum((x1_i - x2_j) ** 2))``, taking the side with more rows in chunks of equal rows,
     each of ``_CHUNK_BYTES`` to twice that of differences per thread.
@@ -155,7 +172,7 @@ def _euclidean_in_chunks(x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     ``mse_loss(reduction="none")`` gives the same numbers as ``d * d`` without a tensor of
     differences: the forward writes the squares only, and nothing of the chunk's size is saved.
     """
-    batch = torch.broadcast_shapes(x1.shape[:-2], x2.shape[:-2]).numel()
+    batch = _pairs_of_matrices(x1.shape[:-2], x2.shape[:-2])
     split_x2 = x2.shape[-2] >= x1.shape[-2]
     small = x1 if split_x2 else x2
     rows = (x2 if split_x2 else x1).shape[-2]

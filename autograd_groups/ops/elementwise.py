@@ -77,8 +77,8 @@ def pow(input: Operand, exponent: Operand) -> torch.Tensor:
     """``torch.pow``, as ``sign * exp(exponent * log|input|)``.
 
     Negative bases take integer exponents (NaN otherwise), as ``torch.pow``; ``-0.0`` keeps its
-    sign (``pow(-0.0, -1) = -inf``). See docs/builtins.md for the gradient at ``input = 0`` and for
-    the exponent's gradient at a negative base.
+    sign (``pow(-0.0, -1) = -inf``). The documentation's "Built-in ops" page gives the gradient at
+    ``input = 0`` and the exponent's gradient at a negative base.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([0.0, 0.0, 2.0, -2.0], requires_grad=True)
@@ -143,7 +143,7 @@ def atan2(input: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     ``atan(y / x)``, plus ``pi * sign(y)`` where ``x`` is negative (signed zeros included, as in
     torch.atan2). On the y axis (``x = 0``) the quotient is infinite and the angle ``+-pi/2``; at the
     origin the quotient ``0 / 0`` is set to 0, so the angle is ``+-0`` or ``+-pi`` as torch.atan2's.
-    Both coordinates infinite is outside the domain (docs/builtins.md).
+    Both coordinates infinite is outside the domain (documentation: "Built-in ops").
 
     >>> import torch, autograd_groups as ag
     >>> y = torch.tensor([0.0, 1.0], requires_grad=True)

@@ -204,10 +204,10 @@ class Override:
             raise RuleError(f"an override's check must be callable, not {check!r}")
         self.check = check
         self.backward_fn = backward
-        self.doc = doc or (inspect.getdoc(check) or "")
+        self.doc: str = doc or (inspect.getdoc(check) or "")
         #: Whether the check declares (``-> torch.Tensor``) that it answers with a bool tensor, which
-        #: a compiled graph can select on; any other check runs eagerly (see docs/compile.md).
-        self.traceable = _returns_tensor(check)
+        #: a compiled graph can select on; any other check runs eagerly (documentation: "torch.compile").
+        self.traceable: bool = _returns_tensor(check)
 
     @property
     def label(self) -> str:

@@ -13,12 +13,14 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .. import nodes
 from ..errors import InertRuleWarning, RuleError
 from ..frames import user_line, warn
 from .kinds import NanSafe, Override, OverrideContext, Rule, Subgradient
+
+R = TypeVar("R", bound=Rule)
 
 
 @dataclass(frozen=True)
@@ -135,12 +137,12 @@ def _clash(group: str, old: Rule, new: Rule, where: str, problem: str) -> RuleEr
         f"load_spec); to keep both, give them different conditions")
 
 
-def _add(group: str, rule: Rule, replace: bool, where: str) -> Rule:
+def _add(group: str, rule: R, replace: bool, where: str) -> R:
     """Add ``rule`` to ``group`` with ``_lock`` held; return the rule now registered."""
     existing = _rules.get(group, ())
     found = next((old for old in existing if same_rule(old, rule)), None)
     if found is not None:
-        return found
+        return cast(R, found)  # same_rule holds only between rules of one class
     clashes = [k for k, old in enumerate(existing) if conflict(old, rule)]
     if clashes and not replace:
         old = existing[clashes[0]]
@@ -163,7 +165,7 @@ def _check(group: str, rule: Rule) -> None:
                         f"@{getattr(rule.check, '__name__', 'check')}.backward")
 
 
-def register_rule(group: str, rule: Rule, *, replace: bool = False) -> Rule:
+def register_rule(group: str, rule: R, *, replace: bool = False) -> R:
     """Register ``rule`` under ``group`` and return the registered rule; rules of one group apply in
     registration order.
 

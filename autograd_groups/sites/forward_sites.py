@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import nodes
+from .. import levels, nodes
 from ..compat import dual_level, tree_flatten, tree_unflatten
 from ..errors import ForwardModeWarning
-from . import levels, tangents
+from . import tangents
 
 #: ``(func, args, kwargs) -> outputs``: one call of a group's function with the group's rules.
 Part = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]

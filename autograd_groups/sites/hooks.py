@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import CheckpointError
 
-from .. import compat, flag, host_reads, nodes
+from .. import compat, flag, host_reads, levels, nodes
 from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
 from ..zero_passing import ZERO_FACTORS, passes_zeros
-from . import levels, saved, second_order
+from . import saved, second_order
 
 Grads = list[torch.Tensor | None]
 
@@ -93,7 +93,8 @@ def _when(rule: Subgradient, site: SiteHook, node: Any | None,
         raise _fail(instance, rule.label, site.op,
                     "a forward-mode pass (jvp, jacfwd, hessian, forward_ad) reached this rule, and "
                     "its 'grad' is not linear in grad, so it has no transpose to give the tangents "
-                    "(docs/groups.md, 'Forward mode'): write 'grad' as grad times a factor (e.g. "
+                    "(documentation: 'Groups and rules', 'Forward mode'): write 'grad' as grad "
+                    "times a factor (e.g. "
                     "'grad * c' for a local derivative c), or 0")
     env = _saved_values(rule, site, node) if rule.saved else {}
     env["grad"] = grad_outputs[0]
@@ -159,7 +160,7 @@ def _may_set(mask: torch.Tensor) -> bool:
 
     A rule usually fires nowhere, and on the CPU counting a large mask's true elements costs a
     fifth of a fill that changes nothing; below a few thousand elements the count costs as much
-    as the fill (docs/performance.md, "Per-call overhead"), so it is not made. On an accelerator
+    as the fill (documentation: "Performance", "Per-call overhead"), so it is not made. On an accelerator
     the count would make the host wait for the device, so there the fill always runs.
     """
     return mask.numel() < _COUNTED or not host_reads.allowed(mask) or bool(torch.count_nonzero(mask))
@@ -254,7 +255,7 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
     owns is zeroed in place: on the CPU (value reads on) by its bits times ``incoming.bool()``,
     elsewhere by ``masked_fill_(incoming == 0, 0)``, two kernels for the first gradient and one for
     each further one. No sum is read first to skip a gradient without a non-finite element: where
-    the structure hooks a node, its zeros usually meet an infinity (docs/groups.md).
+    the structure hooks a node, its zeros usually meet an infinity (documentation: "Groups and rules").
     """
     incoming = [g for g in grad_outputs if g is not None]
     changed: list[torch.Tensor] = []

@@ -1,7 +1,7 @@
-"""Second order through a rule (DESIGN.md §7): where a second derivative flows through elements at
-which a subgradient or NaN-safe rule fired, it is the rule's own derivative. The first time that
-happens at a call site (the line that called the group), the rule is checked there, as
-``ag.verify(order=2)`` checks it, and a :class:`~autograd_groups.errors.SecondOrderWarning` is
+"""Second order through a rule (documentation: "Guarantees"): where a second derivative flows
+through elements at which a subgradient or NaN-safe rule fired, it is the rule's own derivative. The
+first time that happens at a call site (the line that called the group), the rule is checked there,
+as ``ag.verify(order=2)`` checks it, and a :class:`~autograd_groups.errors.SecondOrderWarning` is
 given if, and only if, the rule's second derivative is not the function's or could not be checked.
 A call site is checked once per rule site the second derivative went through and per set of
 arguments that require grad: the same line differentiated in another argument (``hessian`` in
@@ -28,11 +28,10 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from .. import compat, levels
 from ..errors import SecondOrderWarning
 from ..instance import GroupInstance
 from ..rules.kinds import NanSafe, Subgradient
-from . import levels
 
 
 @dataclass(frozen=True)
@@ -220,8 +219,8 @@ def _advice(instance: GroupInstance) -> str:
         return (f"{instance.name} is a built-in, whose rules are the library's: write the function "
                 f"that uses it so that it is smooth there without the rule{kernel}, or wrap the whole "
                 f"function in a group of your own with an override whose backward is right there "
-                f"(docs/groups.md, 'Second order through a rule'); check it with "
+                f"(documentation: 'Groups and rules', 'Second order through a rule'); check it with "
                 f"ag.verify(fn, *args, order=2)")
     return (f"Give group {instance.name!r} an override whose replacement backward is differentiable "
-            f"with the right derivative there (docs/groups.md, 'Second order through a rule'), and "
-            f"check it with ag.verify(fn, *args, order=2)")
+            f"with the right derivative there (documentation: 'Groups and rules', 'Second order "
+            f"through a rule'), and check it with ag.verify(fn, *args, order=2)")

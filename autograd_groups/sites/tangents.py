@@ -260,7 +260,8 @@ class _Call:
                             f"(vmap(grad(f)), jacrev of a batched call) the values it reads are "
                             f"batched, so it must return its answer as a bool tensor, without bool() "
                             f"or .item(): declare the check `-> torch.Tensor` and return, for "
-                            f"example, (ctx.outputs[0] == 0).any() (docs/groups.md, 'Override')") from e
+                            f"example, (ctx.outputs[0] == 0).any() (documentation: 'Groups and rules', "
+                            f"'Override')") from e
         fired = _decided(answer)
         if isinstance(fired, bool):  # a batched answer is not one firing to count
             counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)

@@ -5,6 +5,7 @@
 []
 """
 
-from .loader import SpecGroup, SpecHandle, check_spec, load_spec, unload_spec
+from .group import SpecGroup
+from .loader import SpecHandle, check_spec, load_spec, unload_spec
 
 __all__ = ["SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec"]

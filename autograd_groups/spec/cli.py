@@ -16,8 +16,8 @@ from rich.text import Text
 
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient
 from ..rules.registry import list_rules
+from .group import SpecGroup
 from .loader import check, origin
-from .schema import GroupEntry
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              help="list the groups of this spec file instead (repeatable)")
     _imports_flag(list_parser)
     list_parser.add_argument("--json", action="store_true",
-                             help="print the same content as JSON (keys: docs/cli.md)")
+                             help="print the same content as JSON (keys: documentation, 'Command line')")
     list_parser.set_defaults(run=run_list)
 
 
@@ -58,7 +58,7 @@ def _missing(paths: list[str], command: str) -> int:
 
 
 def _validate(paths: list[str], command: str, imports: bool,
-              ) -> tuple[int, list[tuple[str, tuple[GroupEntry, ...]]]]:
+              ) -> tuple[int, list[tuple[str, tuple[SpecGroup, ...]]]]:
     code = _missing(paths, command)
     if code:
         return code, []
@@ -101,7 +101,7 @@ def run_list(args: argparse.Namespace) -> int:
         code, files = _validate(args.spec, "list", args.imports)
         if code:
             return code
-        listed = [Listed(e.name, e.signature, e.doc, tuple(r for r, _ in e.rules))
+        listed = [Listed(e.name, e.signature, e.doc, e.rules)
                   for _, entries in files for e in entries]
     else:
         importlib.import_module("autograd_groups.ops")

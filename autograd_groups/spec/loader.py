@@ -9,39 +9,31 @@ again is a no-op) or ``replace=True`` swaps them.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from .. import frames
 from ..errors import RuleError, SpecError
 from ..rules import registry
 from ..rules.kinds import Rule
-from .document import Document, Error, Source, read
-from .schema import GroupEntry, Imports, groups
+from .group import SpecGroup, position
+
+if TYPE_CHECKING:  # the reading modules, and PyYAML with them, are imported by the first spec checked
+    from .document import Error, Source
+    from .schema import Imports
 
 _origins: weakref.WeakKeyDictionary[Rule, SpecGroup] = weakref.WeakKeyDictionary()
-
-
-@dataclass(frozen=True)
-class SpecGroup:
-    """A group loaded from a spec: its signature, doc, rules and where it is defined."""
-
-    name: str
-    signature: str
-    params: tuple[tuple[str, str], ...]
-    returns: str
-    doc: str
-    rules: tuple[Rule, ...]
-    where: str
 
 
 @dataclass(frozen=True)
 class Checked:
     """The outcome of checking specs: the groups of each file, and every error."""
 
-    files: tuple[tuple[str, tuple[GroupEntry, ...]], ...]
+    files: tuple[tuple[str, tuple[SpecGroup, ...]], ...]
     errors: list[Error]
 
 
@@ -81,9 +73,12 @@ class SpecHandle:
 
 def check(sources: list[Source], *, imports: Imports = "run", replace: bool = False) -> Checked:
     """Check specs together, as if loaded one after the other (with ``replace``); register nothing."""
-    files: list[tuple[str, tuple[GroupEntry, ...]]] = []
+    from .document import Document, read
+    from .schema import groups
+
+    files: list[tuple[str, tuple[SpecGroup, ...]]] = []
     errors: list[Error] = []
-    first: dict[str, GroupEntry] = {}
+    first: dict[str, SpecGroup] = {}
     for source in sources:
         try:
             label, text = read(source)
@@ -96,14 +91,14 @@ def check(sources: list[Source], *, imports: Imports = "run", replace: bool = Fa
         for entry in entries:
             seen = first.setdefault(entry.name, entry)
             if seen is not entry:
-                document.error(entry.where[1:], f"group {entry.name!r} is defined twice; first at "
-                                                f"{':'.join(map(str, seen.where))}")
+                document.error(position(entry.where)[1:], f"group {entry.name!r} is defined twice; first "
+                                                          f"at {seen.where}")
             elif entry.name in registered and not replace and not registry.same_rules(
-                    registered[entry.name], [rule for rule, _ in entry.rules]):
-                document.error(entry.where[1:], f"group {entry.name!r} is already registered "
-                                                f"{_owner(registered[entry.name])} with other rules; a group "
-                                                f"has one source, so unload that one first, rename this "
-                                                f"group, or pass replace=True to swap its rules")
+                    registered[entry.name], entry.rules):
+                document.error(position(entry.where)[1:],
+                               f"group {entry.name!r} is already registered {_owner(registered[entry.name])} "
+                               f"with other rules; a group has one source, so unload that one first, rename "
+                               f"this group, or pass replace=True to swap its rules")
         errors.extend(sorted(document.errors, key=lambda e: (e[1], e[2])))
         files.append((label, tuple(entries)))
     return Checked(tuple(files), errors)
@@ -170,16 +165,14 @@ def load_spec(source: Source, *, allow_imports: bool = True, replace: bool = Fal
     label, entries = checked.files[0]
     if not entries:
         frames.warn(f"the spec {label} defines no group: it is empty, so it registers no rule", UserWarning)
-    wanted = [(e.name, tuple(r for r, _ in e.rules), tuple(":".join(map(str, w)) for _, w in e.rules))
-              for e in entries]
+    wanted = [(e.name, e.rules, e.rule_wheres) for e in entries]
     try:
         registered = registry.set_groups(wanted, replace)
     except RuleError as e:  # registered meanwhile from another thread; none of this load was
         now = registry.list_rules()
         clash = next((entry for entry in entries if entry.name in now), entries[0])
-        raise SpecError([(*clash.where, str(e))]) from None
-    loaded = tuple(SpecGroup(e.name, e.signature, e.params, e.returns, e.doc, rules,
-                             ":".join(map(str, e.where))) for e, rules in zip(entries, registered))
+        raise SpecError([(*position(clash.where), str(e))]) from None
+    loaded = tuple(dataclasses.replace(e, rules=rules) for e, rules in zip(entries, registered))
     for group in loaded:
         for rule in group.rules:
             _origins.setdefault(rule, group)

@@ -15,7 +15,6 @@ import importlib.util
 import re
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
@@ -25,6 +24,7 @@ from ..errors import ExpressionError, RuleError
 from ..rules import expr, registry
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient, input_problem
 from .document import Document, describe, scalar
+from .group import SpecGroup
 from .signature import SignatureError, parse_signature
 
 Where = tuple[str, int, int]
@@ -43,20 +43,7 @@ _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _REFERENCE = re.compile(rf"(?P<module>{_DOTTED}):(?P<attr>{_DOTTED})")
 
 
-@dataclass(frozen=True)
-class GroupEntry:
-    """A group as a spec declares it, with the position of each part."""
-
-    name: str
-    signature: str
-    params: tuple[tuple[str, str], ...]
-    returns: str
-    doc: str
-    rules: tuple[tuple[Rule, Where], ...]
-    where: Where
-
-
-def groups(document: Document, *, imports: Imports, folder: str | None) -> list[GroupEntry]:
+def groups(document: Document, *, imports: Imports, folder: str | None) -> list[SpecGroup]:
     """Check a spec document, recording every error in it; return each group whose name line parses.
 
     ``folder`` is the spec file's folder, searched first for the modules its references name."""
@@ -69,6 +56,10 @@ def groups(document: Document, *, imports: Imports, folder: str | None) -> list[
         return []
     checker = _Checker(document, imports, folder)
     return [g for g in map(checker.group, root.value) if g is not None]
+
+
+def _text(where: Where) -> str:
+    return ":".join(map(str, where))
 
 
 def _close(word: str, choices: list[str] | tuple[str, ...]) -> str:
@@ -87,7 +78,7 @@ class _Checker:
     def _where(self, node: yaml.Node) -> Where:
         return self.doc.file, node.start_mark.line + 1, node.start_mark.column + 1
 
-    def group(self, node: yaml.Node) -> GroupEntry | None:
+    def group(self, node: yaml.Node) -> SpecGroup | None:
         """The group, if its name line parses (its other parts may still have errors)."""
         fields = self._fields(node, "a group", GROUP_KEYS)
         signature = self._string(fields["name"], "'name'") if "name" in fields else None
@@ -105,8 +96,9 @@ class _Checker:
             return None
         assert isinstance(fields["name"], yaml.ScalarNode)
         position, _ = self.doc.inner(fields["name"], 1 + len(signature) - len(signature.lstrip()))
-        return GroupEntry(parsed.name, " ".join(signature.split()), parsed.params, parsed.returns, doc or "",
-                          tuple(rules), (self.doc.file, *position))
+        return SpecGroup(parsed.name, " ".join(signature.split()), parsed.params, parsed.returns, doc or "",
+                         tuple(rule for rule, _ in rules), _text((self.doc.file, *position)),
+                         tuple(_text(where) for _, where in rules))
 
     def _special_cases(self, node: yaml.Node, group: str) -> list[tuple[Rule, Where]]:
         if isinstance(node, yaml.SequenceNode) and not node.value:

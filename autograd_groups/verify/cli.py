@@ -1,8 +1,10 @@
 """``autograd-groups verify``: run a script as ``viz`` and ``stats`` do, recording what ``ag.verify``
-needs, then check every rule that fired against the math (see docs/verify.md).
+needs, then check every rule that fired against the math (documentation: "Checking rules").
 
-Exit codes: 0 every checked rule is consistent; 1 a rule is inconsistent; 2 usage errors, a missing
-script included; the script's own code when it fails (what it recorded is still checked and shown).
+Exit codes (:data:`EXIT_CODES`): 0 the script ran to its end and no rule is inconsistent; 1 a rule is
+inconsistent; 2 usage errors, a missing script included; 3 the script failed (raised, or exited
+with a code other than 0) and no rule it recorded is inconsistent -- what it recorded is still
+checked and shown, and the message names its own exit code.
 """
 
 from __future__ import annotations
@@ -11,14 +13,24 @@ import argparse
 import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
+from rich.status import Status
 
 from ..observe.recording import Recorder, recording
 from ..observe.tracer import trace
-from ..viz.cli import _check_script, _ended, _run, _say, _script_arguments
-from .verify import MAX_INSTANCES, check
+from ..viz.cli import _check_script, _run, _say, _script_arguments
+from ..viz.script import Exit
+from .verify import MAX_INSTANCES, Progress, check
+
+#: The command's exit codes; an inconsistent rule is reported as 1 whether or not the script failed.
+EXIT_CODES = {0: "the script ran to its end and no rule is inconsistent", 1: "a rule is inconsistent",
+              2: "usage error (a missing script, a bad option)",
+              3: "the script failed (raised, or exited with a code other than 0), and no rule it "
+                 "recorded is inconsistent"}
+SCRIPT_FAILED = 3
 
 USAGE = "autograd-groups verify SCRIPT.py [--order 2] [--max-instances N] [--json] [-- ARGS]"
 #: Why a ``with`` block or a ``tag`` in a script is not checked: only a function can be run again.
@@ -41,8 +53,9 @@ def register(subparsers: Any) -> None:
         "verify", usage=USAGE, help="run a script and check every rule that fired against the math",
         description="Run SCRIPT.py as `python SCRIPT.py ARGS` would, then check each rule that fired "
                     "in the first N instances of each group: its gradient at the point against the "
-                    "limits of the automatic gradient at nearby points (docs/verify.md). Print a "
-                    "table; exit with 1 if a rule is inconsistent.")
+                    "limits of the automatic gradient at nearby points (help(autograd_groups.verify)). "
+                    "Print a table, each finding below it once. On a terminal, progress goes to stderr.",
+        epilog="exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()))
     _script_arguments(verify)
     verify.add_argument("--order", type=int, choices=(1, 2), default=1,
                         help="2: check Hessian-vector products (through create_graph) instead of "
@@ -51,8 +64,8 @@ def register(subparsers: Any) -> None:
                         help=f"check the first N instances of each group where a rule fired "
                              f"(default {MAX_INSTANCES})")
     verify.add_argument("--json", action="store_true",
-                        help="print the report as JSON (keys: docs/cli.md); the script's own output "
-                             "goes to stderr")
+                        help="print the report as JSON (keys: documentation, 'Command line'); "
+                             "the script's own output goes to stderr")
     verify.set_defaults(run=run_verify)
 
 
@@ -68,7 +81,9 @@ def run_verify(args: argparse.Namespace) -> int:
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
         code = _run(args.script, args.args)
     try:
-        report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION)
+        with _progress() as progress:
+            report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION,
+                           progress=progress)
     finally:
         recorder.close()
     if args.json:
@@ -76,6 +91,27 @@ def run_verify(args: argparse.Namespace) -> int:
     else:
         Console().print(report)
     if code:
-        _ended("verify", args.script, code)
-        return code
-    return 0 if report.ok else 1
+        _failed(args.script, code, report.ok)
+    return 1 if not report.ok else SCRIPT_FAILED if code else 0
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Progress | None]:
+    """What ``check`` is doing, as a line on stderr that it rewrites, when stderr is a terminal (in
+    a pipe or a log, nothing); gone when the checks end."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    console = Console(file=sys.stderr)
+    with Status("autograd-groups verify: checking the rules that fired", console=console) as status:
+        def told(done: int, total: int, what: str) -> None:
+            status.update(f"autograd-groups verify: checking {what} ({done + 1} of {total})")
+
+        yield told
+
+
+def _failed(script: str, code: Exit, ok: bool) -> None:
+    exit_code = 1 if not ok else SCRIPT_FAILED
+    _say(f"autograd-groups verify: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
+         f"what it recorded up to then is checked above; exiting with {exit_code} "
+         f"({EXIT_CODES[exit_code]})")

@@ -12,9 +12,11 @@ steps cross other structure and small ones drown in rounding; choosing, element 
 with both. Samples that are not finite are unusable: a direction with too few left leaves the
 function's domain there and is dropped (one-sided limits at a boundary). Where no estimate
 settles, a sequence that keeps growing by :data:`GROWTH` per step has the limit ``+-inf``; any other
-has none.
+has none, except along a direction that met a special point nearby (``special``): its samples are
+cut short by the special point's rounding, and it is left out as well -- as long as one pair of
+opposite directions remains, so that a kink is still seen from both sides.
 
-docs/verify.md explains the tolerances.
+The documentation's "Checking rules" page explains the tolerances.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ import torch
 
 #: Step sizes, relative to each input's scale ``max(1, max |x|)``; each is a tenth of the previous.
 STEPS = tuple(10.0 ** -k for k in range(2, 16))
+#: Steps of the finite differences of a function's value (:func:`~.points.Probe.differences`): below
+#: ``1e-8`` the rounding of the value, divided by the step, swamps them.
+DIFFERENCE_STEPS = STEPS[:7]
+#: The error of a difference quotient's limit is at least this many times the rounding of the value
+#: divided by the step where extrapolation's truncation (``h^2``) and rounding (``eps |f| / h``) are
+#: about equal, ``eps^(1/3)``: finite differences cannot resolve less.
+DIFFERENCE_ROUNDING = 16.0
 #: A step is used at an element only where it moves the element by this part of its value or more.
 RESOLVED = 1e-13
 #: Random directions are drawn in pairs ``d, -d``: at a kink they see both sides of every element.
@@ -55,12 +64,14 @@ class Limits:
     ``error`` of shape (directions, elements); ``state`` one of CONVERGED, DIVERGED (``value`` is
     ``+-inf``), NO_LIMIT, OUTSIDE (too few finite samples: the direction leaves the domain);
     ``size``: the largest of the samples an estimate came from and the one at the largest usable
-    step, which errors and tolerances are measured by."""
+    step, which errors and tolerances are measured by; ``special``: (directions, elements), where a
+    direction met a special point nearby (see :func:`estimate`)."""
 
     value: torch.Tensor
     error: torch.Tensor
     state: torch.Tensor
     size: torch.Tensor
+    special: torch.Tensor | None = None
 
 
 def usable(point: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -74,8 +85,10 @@ def usable(point: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     return offsets.abs() * (1 / RESOLVED) >= point.abs()
 
 
-def estimate(samples: torch.Tensor) -> Limits:
-    """The limits of ``samples`` (directions, steps, elements), the steps shrinking tenfold.
+def estimate(samples: torch.Tensor, special: torch.Tensor | None = None) -> Limits:
+    """The limits of ``samples`` (directions, steps, elements), the steps shrinking tenfold;
+    ``special`` (directions, elements) marks where a direction met a special point nearby: without a
+    limit there, it is left out (OUTSIDE) rather than NO_LIMIT.
 
     >>> t = torch.tensor(STEPS, dtype=torch.float64)
     >>> samples = torch.stack([1 + 3 * t, -1 + t * t, 1 / t, torch.sin(1 / t), t.log()], -1)[None]
@@ -108,9 +121,11 @@ def estimate(samples: torch.Tensor) -> Limits:
     state[finite.sum(1) < 3] = OUTSIDE
     state[diverging & ~converged] = DIVERGED
     state[converged] = CONVERGED
+    if special is not None:
+        state[special & (state == NO_LIMIT)] = OUTSIDE
     value = torch.where(state == DIVERGED, sign * math.inf, value)
     error = torch.where(state == CONVERGED, error, 0.0)
-    return Limits(value, error, state, size)
+    return Limits(value, error, state, size, special)
 
 
 def _candidates(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -165,7 +180,9 @@ class Comparison:
 
     ``checked``, ``inconsistent``, and the elements not checked: ``no_limit`` (along some direction),
     ``outside`` (every direction leaves the domain), ``unbounded`` (a finite value where the limits
-    are infinite towards one side only, or a NaN where they are infinite): masks over the elements;
+    are infinite towards one side only, or a NaN where they are infinite), ``special`` (a direction
+    met a special point nearby and was left out, and no pair of opposite directions is left): masks
+    over the elements;
     ``low``, ``high``: the range of the limits at each element; ``excess``: how far the rule's value
     lies outside it, and ``tolerance``: how far it may; ``kind``: "smooth", "kink" or "cusp" (a
     limit is infinite).
@@ -176,6 +193,7 @@ class Comparison:
     no_limit: torch.Tensor
     outside: torch.Tensor
     unbounded: torch.Tensor
+    special: torch.Tensor
     low: torch.Tensor
     high: torch.Tensor
     excess: torch.Tensor
@@ -203,7 +221,13 @@ def compare(rule: torch.Tensor, limits: Limits, elements: torch.Tensor) -> Compa
     # Hessian-vector product over infinite second derivatives), PyTorch's own value there too.
     unbounded = elements & ~no_limit & ~outside & (
         (torch.isfinite(rule) & (up ^ down)) | (torch.isnan(rule) & (up | down)))
-    checked = elements & ~no_limit & ~outside & ~unbounded
+    special = torch.zeros_like(elements)
+    if limits.special is not None:
+        # Left out along a direction, the kink must still be seen from both sides of one.
+        left_out = (limits.special & (limits.state == OUTSIDE)).any(0)
+        paired = (valid[0::2] & valid[1::2]).any(0)
+        special = elements & ~no_limit & ~outside & ~unbounded & left_out & ~paired
+    checked = elements & ~no_limit & ~outside & ~unbounded & ~special
     low = torch.where(valid, limits.value, math.inf).amin(0)
     high = torch.where(valid, limits.value, -math.inf).amax(0)
     error = torch.where(valid, limits.error, 0.0).amax(0)
@@ -222,5 +246,29 @@ def compare(rule: torch.Tensor, limits: Limits, elements: torch.Tensor) -> Compa
     infinite = (checked | unbounded) & ~(torch.isfinite(low) & torch.isfinite(high))
     wide = checked & torch.isfinite(spread) & (spread > tolerance)
     kind = "cusp" if bool(infinite.any()) else "kink" if bool(wide.any()) else "smooth"
-    return Comparison(checked, inconsistent, no_limit, outside, unbounded, low, high, excess, tolerance,
-                      kind)
+    return Comparison(checked, inconsistent, no_limit, outside, unbounded, special, low, high, excess,
+                      tolerance, kind)
+
+
+_KINDS = ("smooth", "kink", "cusp")
+
+
+def merge(first: Comparison, second: Comparison, where: torch.Tensor) -> Comparison:
+    """``first``, with ``second``'s findings at the elements ``where`` (a mask): the comparison of
+    the same rule's value against another reference there.
+
+    >>> one = Limits(torch.tensor([[1.0, 0.0]]), torch.zeros(1, 2), torch.tensor([[0, 3]], dtype=torch.int8),
+    ...              torch.ones(1, 2))
+    >>> two = Limits(torch.tensor([[9.0, 2.0]]), torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.int8),
+    ...              torch.ones(1, 2))
+    >>> rule, both, second = torch.tensor([1.0, 5.0]), torch.tensor([True, True]), torch.tensor([False, True])
+    >>> found = merge(compare(rule, one, both), compare(rule, two, second), second)
+    >>> found.checked.tolist(), found.inconsistent.tolist(), found.high.tolist()
+    ([True, True], [False, True], [1.0, 2.0])
+    """
+    fields = {}
+    for name in ("checked", "inconsistent", "no_limit", "outside", "unbounded", "special", "low", "high",
+                 "excess", "tolerance"):
+        fields[name] = torch.where(where, getattr(second, name), getattr(first, name))
+    kinds = [first.kind] + ([second.kind] if bool((second.checked | second.unbounded).any()) else [])
+    return Comparison(**fields, kind=max(kinds, key=_KINDS.index))

@@ -149,6 +149,13 @@ class Probe:
         self.plain_nonfinite = torch.zeros(0, dtype=torch.bool)
         #: Elements checked against the rules' own derivative nearby (order 2, see nearby).
         self.own = torch.zeros(0, dtype=torch.bool)
+        #: (directions, elements): where a direction met a special point nearby (order 1, see
+        #: nearby); its samples from there on are left out.
+        self.special = torch.zeros(0, dtype=torch.bool)
+        self._differences: torch.Tensor | None = None
+        self._differenced = torch.zeros(0, dtype=torch.bool)
+        #: Per element, the least error of its difference quotients' limit (their rounding).
+        self.rounding = torch.zeros(0, dtype=torch.float64)
 
     def _random(self, shape: torch.Size) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator, dtype=torch.float64)
@@ -234,7 +241,8 @@ class Probe:
 
         Where the function is finite at a nearby point but the plain composite's derivative is not
         (``where(x != 0, y / x, y)`` in ``x``, a softplus's overflowing branch), the sample is
-        unusable at order 1 (``plain_nonfinite`` marks those elements). At order 2 it is the rules'
+        unusable at order 1 (``plain_nonfinite`` marks those elements), and so are the samples at
+        the smaller steps along that direction (``special`` marks it). At order 2 it is the rules'
         own derivative there instead (``own`` marks them): the second derivative through a rule is
         the derivative of the rules' gradient, and it is that of the function wherever the rules
         fire at a whole neighbourhood as they do at the point (their first-order gradient is
@@ -264,7 +272,71 @@ class Probe:
         self.plain_nonfinite = broken.any(1).any(0)
         if self.order == 2 and bool(broken.any()):
             out = self._own_where(broken, directions, out)
+        elif bool(broken.any()):
+            out = self._cut(broken, out)
         return torch.where(resolved, out, math.nan) if ran else None
+
+    def _cut(self, special: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` without the samples at and past a nearby point that is itself special, along
+        each direction (``special``: directions, steps, elements). Past one, the steps are in the
+        special point's rounding: acos of a cosine that rounds to exactly 1 at some steps and to one
+        ulp below it at the next gives samples that shrink with the step, as if they tended to 0."""
+        self.special = special.any(1)
+        return torch.where(special.cumsum(1) > 0, math.nan, out)
+
+    def differences(self, elements: torch.Tensor) -> torch.Tensor:
+        """One-sided difference quotients of the projection of the outputs (special cases off) at
+        each of ``elements`` (a mask over the flat inputs), along its coordinate: (2, steps,
+        elements), forward then backward, at :data:`~.limits.DIFFERENCE_STEPS` times the input's
+        scale ``max(1, max |x|)``; NaN elsewhere, and where the value is not finite (the step left
+        the function's domain). Each quotient divides by the step the float64 sum actually took.
+        Two runs of the function per element and step; each element's are kept for the next call.
+        """
+        n = sum(x.numel() for x in self.point.inputs)
+        if self._differences is None:
+            self._differences = torch.full((2, len(limits.DIFFERENCE_STEPS), n), math.nan,
+                                           dtype=torch.float64)
+            self._differenced = torch.zeros(n, dtype=torch.bool)
+            self.rounding = torch.zeros(n, dtype=torch.float64)
+        todo = elements & ~self._differenced
+        if bool(todo.any()):
+            eps = torch.finfo(torch.float64).eps
+            with flag.restored(flag.FlagState(False)), tracer.hidden():
+                base = self._value(self._leaves())
+                for k in todo.nonzero().flatten().tolist():
+                    self._differences[:, :, k], scale = self._quotients(k, base)
+                    self.rounding[k] = limits.DIFFERENCE_ROUNDING * eps * abs(base) / (eps ** (1 / 3) * scale)
+            self._differenced |= todo
+        return torch.where(elements, self._differences, math.nan)
+
+    def _value(self, xs: list[torch.Tensor]) -> float:
+        projected, outputs = self._run(xs)
+        finite = all(bool(torch.isfinite(o.detach()).all()) for o in outputs)
+        return float(projected.detach()) if finite else math.nan
+
+    def _quotients(self, k: int, base: float) -> tuple[torch.Tensor, float]:
+        """(2, steps) difference quotients at flat element ``k`` (see :meth:`differences`), and the
+        input's scale the steps were taken in."""
+        which, local = 0, k
+        while local >= self.point.inputs[which].numel():
+            local -= self.point.inputs[which].numel()
+            which += 1
+        x = self.point.inputs[which]
+        scale = max(1.0, float(x.abs().max()))
+        found = torch.full((2, len(limits.DIFFERENCE_STEPS)), math.nan, dtype=torch.float64)
+        for side, sign in enumerate((1.0, -1.0)):
+            for j, step in enumerate(limits.DIFFERENCE_STEPS):
+                offset = [torch.zeros_like(t) for t in self.point.inputs]
+                offset[which].view(-1)[local] = sign * step * scale
+                xs = self._leaves(offset)
+                taken = float(xs[which].detach().reshape(-1)[local] - x.reshape(-1)[local])
+                if taken == 0:
+                    continue
+                try:
+                    found[side, j] = (self._value(xs) - base) / taken
+                except Exception:  # as in nearby: it raises there, outside its domain
+                    continue
+        return found, scale
 
     def _own_where(self, broken: torch.Tensor, directions: list[list[torch.Tensor]],
                    out: torch.Tensor) -> torch.Tensor:

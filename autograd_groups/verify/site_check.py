@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import torch
 
+from .. import levels
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
 from ..rules.kinds import NanSafe, Subgradient
-from ..sites import levels
 from ..sites.second_order import Batched, Verdict
 from . import verify
 from .points import point_of

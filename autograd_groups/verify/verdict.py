@@ -8,14 +8,12 @@ import dataclasses
 import io
 import math
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group, RenderableType
-from rich.markup import escape
-from rich.padding import Padding
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich is imported where a report is drawn: it takes longer than the rest of the package
+    from rich.console import Console, ConsoleOptions, RenderResult
+    from rich.table import Table
 
 CONSISTENT = "consistent"
 INCONSISTENT = "inconsistent"
@@ -23,6 +21,11 @@ NOT_CHECKED = "not checked"
 #: The ``scope`` of a row that checks a decorator group's rule through the whole function given to
 #: ``ag.verify``, rather than on the group's own inputs.
 END_TO_END = "end to end"
+#: The ``reference`` of a row: what the rules' derivative was compared with at the element shown --
+#: the limits of the automatic derivative at nearby points, or, where it has no finite limit, the
+#: one-sided finite differences of the function's value.
+LIMITS = "limits"
+DIFFERENCES = "finite differences"
 _COLORS = {CONSISTENT: "green", INCONSISTENT: "red", NOT_CHECKED: "yellow"}
 
 
@@ -37,7 +40,10 @@ class Row:
     ``changed``: elements the rule changed in the run (for an override, its firings); ``checked``:
     input-gradient elements compared. At the element that differs most (``input``, ``index``,
     ``input_value``): the rule's value, the limits' range ``low`` to ``high``, how far outside it
-    the rule's value lies (``difference``, 0 inside) and how far it may (``tolerance``).
+    the rule's value lies (``difference``, 0 inside) and how far it may (``tolerance``), and the
+    ``reference`` those limits are of: :data:`LIMITS` (of the automatic derivative at nearby points)
+    or :data:`DIFFERENCES` (of the function's value, where the automatic gradient has no finite limit);
+    ``differences``: how many of the ``checked`` elements were compared with finite differences.
     """
 
     group: str
@@ -61,6 +67,8 @@ class Row:
     index: list[int] = field(default_factory=list)
     input_value: float | None = None
     scope: str = ""
+    reference: str = ""
+    differences: int = 0
 
 
 def _number(value: float | None) -> str:
@@ -85,12 +93,29 @@ def explain(row: Row) -> str:
     rules give 5 and the limits of the automatic gradient range over [-1, 1]
     (difference 4, tolerance 5e-06)
     """
-    who = f"{row.instance or row.group + ' (all instances)'} (created at {row.where}), {row.rule}"
+    who = f"{row.instance or row.group + ' (all instances)'} (created at {_display(row.where)}), {row.rule}"
+    return f"{who}{', ' if row.scope else ': '}{finding(row)}"
+
+
+def finding(row: Row) -> str:
+    r"""What :func:`explain` says of ``row`` after naming it: its status, the reason, the numbers.
+
+    >>> print("\n".join(wrap(finding(Row("g", "g#0", "x.py:3", "nan_safe", "nan_safe", "mul", 1,
+    ...     CONSISTENT, point="smooth", checked=3, difference=0.0, tolerance=1e-9, rule_value=2.0,
+    ...     low=2.0, high=2.0, input="x[1, 0]", index=[1, 0], input_value=0.0, reference=DIFFERENCES,
+    ...     differences=3)), 80)))
+    consistent at a smooth point: at x[1, 0] = 0, the rules give 2 and the finite
+    differences of the function's value tend to 2 (difference 0, tolerance 1e-09)
+    """
     if row.scope:
-        who += f", {row.scope} (through the function given to ag.verify)"
+        return f"{row.scope} (through the function given to ag.verify): {finding(replace(row, scope=''))}"
     if not row.checked:
-        return f"{who}: {row.status}: {row.reason}"
-    if row.point == "smooth":
+        return f"{row.status}: {row.reason}"
+    if row.reference == DIFFERENCES:
+        what = "the finite differences of the function's value"
+        limit = (f"{what} tend to {_number(row.low)}" if row.point == "smooth" else
+                 f"{what} range over [{_number(row.low)}, {_number(row.high)}]")
+    elif row.point == "smooth":
         limit = f"the limit of the automatic {_what(row.order)} is {_number(row.low)}"
     else:
         limit = (f"the limits of the automatic {_what(row.order)} range over [{_number(row.low)}, "
@@ -98,8 +123,10 @@ def explain(row: Row) -> str:
     numbers = (f"at {row.input} = {_number(row.input_value)}, the rules give {_number(row.rule_value)} "
                f"and {limit} (difference {_number(row.difference)}, tolerance {_number(row.tolerance)})")
     if row.status == NOT_CHECKED:
-        return f"{who}: not checked: {row.reason}. Near {_POINTS[row.point]}, {numbers}"
-    return f"{who}: {row.status} at {_POINTS[row.point]}: {numbers}"
+        return f"not checked: {row.reason}. Near {_POINTS[row.point]}, {numbers}"
+    if row.reason:
+        return f"{row.status} at {_POINTS[row.point]}: {numbers}; {row.reason}"
+    return f"{row.status} at {_POINTS[row.point]}: {numbers}"
 
 
 @dataclass
@@ -125,40 +152,65 @@ class Report:
         return {status: sum(row.status == status for row in self.rows)
                 for status in (CONSISTENT, INCONSISTENT, NOT_CHECKED)}
 
-    def table(self) -> Table:
-        """A row per instance with its rules below it: op, point kind, status, worst difference.
+    def notes(self) -> list[str]:
+        """Each finding that a row which is not consistent, or has a reason, states, once, in the
+        order of the rows; row ``k`` refers to ``notes()[self.note(k)]``."""
+        return list(dict.fromkeys(finding(row) for row in self.rows if _noted(row)))
+
+    def table(self, width: int = 80) -> Table:
+        """A row per instance with its rules below it: op, point kind, status (with the number of
+        its note, see :meth:`notes`), worst difference, for a terminal ``width`` columns wide.
         Every column folds rather than cuts when the terminal is narrow."""
+        from rich.markup import escape
+        from rich.padding import Padding
+        from rich.table import Table
+        from rich.text import Text
+
         out = Table(title=f"ag.verify: rules against the limits of the automatic {_what(self.order)}",
                     caption="difference: how far the rule's value lies outside the limits' range")
-        out.add_column("instance / rule", overflow="fold")
-        out.add_column("op", overflow="fold")
+        # Wide enough for every location (which then wraps whole onto its own line), as far as the
+        # other columns' narrowest (48 columns with the borders) leave room.
+        out.add_column("instance / rule", overflow="fold",
+                       min_width=max(1, min(width - 48, max((len(_display(row.where)) for row in self.rows),
+                                                            default=1))))
+        out.add_column("op", overflow="fold", max_width=12)
         out.add_column("point", overflow="fold")
         out.add_column("status", overflow="fold")
         out.add_column("difference", justify="right", overflow="fold")
+        numbers = {note: k + 1 for k, note in enumerate(self.notes())}
         headed = None
         for k, row in enumerate(self.rows):
             head = (row.group, row.instance)
             if head != headed:
                 headed = head
                 title = row.instance or f"{row.group} (all instances)"
-                out.add_row(Text.assemble((title, "bold"), "  ", (_short(row.where), "dim")), "", "", "",
-                            "")
+                out.add_row(Text.assemble((title, "bold"), "  ", (_display(row.where), "dim")), "", "",
+                            "", "")
             last = k + 1 == len(self.rows) or (self.rows[k + 1].group, self.rows[k + 1].instance) != head
             rule = f"{row.rule} ({row.scope})" if row.scope else row.rule
+            note = f" [{numbers[finding(row)]}]" if _noted(row) else ""
             out.add_row(Padding(Text(rule), (0, 0, 0, 2)), escape(row.op or "-"), row.point or "-",
-                        f"[{_COLORS[row.status]}]{row.status}[/]", _number(row.difference),
+                        f"[{_COLORS[row.status]}]{row.status}[/]{escape(note)}", _number(row.difference),
                         end_section=last)
         return out
 
-    def __rich__(self) -> RenderableType:
-        counts = self.counts()
-        lines = [Text(explain(row)) for row in self.rows if row.status != CONSISTENT]
-        summary = Text(", ".join(f"{n} {status}" for status, n in counts.items()))
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        from rich.text import Text
+
         if not self.rows:
-            return Text("no group with rules ran: nothing to check")
-        return Group(self.table(), *lines, summary)
+            yield Text("no group with rules ran: nothing to check")
+            return
+        yield self.table(options.max_width)
+        for k, note in enumerate(self.notes()):
+            # Wrapped here rather than by rich, which breaks at any space: an index (x1[4, 10]) or a
+            # range ([-1, 1]) stays on one line.
+            yield Text("\n".join(wrap(f"[{k + 1}] {note}", options.max_width, indent=len(str(k + 1)) + 3)),
+                       overflow="fold")
+        yield Text(", ".join(f"{n} {status}" for status, n in self.counts().items()))
 
     def __str__(self) -> str:
+        from rich.console import Console
+
         buffer = io.StringIO()
         Console(file=buffer, width=80, color_system=None, highlight=False).print(self)
         return buffer.getvalue()
@@ -172,8 +224,54 @@ class Report:
                          for row in self.rows]}
 
 
-def _short(where: str) -> str:
-    return os.path.basename(where)
+def _noted(row: Row) -> bool:
+    return row.status != CONSISTENT or bool(row.reason)
+
+
+def _display(where: str) -> str:
+    """``where`` (``path:line``) with the path relative to the working directory, where it is under
+    it."""
+    path, colon, line = where.rpartition(":")
+    if not colon or not line.isdigit():
+        path, line = where, ""
+    if os.path.isabs(path):
+        try:
+            relative = os.path.relpath(path)
+        except ValueError:  # another drive, on Windows
+            relative = path
+        if not relative.startswith(os.pardir):
+            path = relative
+    return f"{path}:{line}" if line else path
+
+
+def wrap(text: str, width: int, indent: int = 0) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces outside brackets only,
+    each line after the first indented by ``indent`` spaces (a word longer than a line is left
+    whole, for the caller to fold).
+
+    >>> wrap("at x1[4, 10] = 4, the limits range over [-10.6, -9.5]", 24, indent=2)
+    ['at x1[4, 10] = 4, the', '  limits range over', '  [-10.6, -9.5]']
+    """
+    words, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "[") - (char == "]" and depth > 0)
+        if char == " " and depth == 0:
+            if current:
+                words.append(current)
+            current = ""
+        else:
+            current += char
+    if current:
+        words.append(current)
+    lines: list[str] = []
+    line = ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = " " * indent + word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines
 
 
 def _json_number(value: Any) -> Any:

@@ -28,12 +28,13 @@ from ..frames import user_line
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import counters, tracer
-from ..observe.recording import Recorder, recording
+from ..observe.recording import Call, Recorder, recording
 from ..rules.kinds import Override, Rule, Subgradient
 from ..sites import second_order
 from . import limits
+from .judge import MAX_DIFFERENCES, Judge, Judged
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
-from .verdict import CONSISTENT, END_TO_END, INCONSISTENT, NOT_CHECKED, Report, Row
+from .verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, LIMITS, NOT_CHECKED, Report, Row
 
 #: How many instances of each group where a rule fired are checked, by default.
 MAX_INSTANCES = 5
@@ -56,7 +57,7 @@ class Fired:
 def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: int = MAX_INSTANCES,
            **kwargs: Any) -> Report:
     """Run ``fn(*args, **kwargs)`` and check every rule that fired against the limits of the
-    automatic gradient at nearby points, at the elements where it fired (docs/verify.md).
+    automatic gradient at nearby points, at the elements where it fired (documentation: "Checking rules").
 
     ``fn`` runs on copies of its tensor arguments; its outputs' gradient, for a fixed random
     projection, is taken with respect to its floating-point tensor arguments and every leaf that
@@ -116,21 +117,28 @@ def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
         recorder.close()
 
 
+#: Told, before each check, how many checks are done, how many there are, and what is checked next.
+Progress = Callable[[int, int, str], None]
+
+
 def check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
-          whole: Point | str, called_at: str | None = None) -> Report:
+          whole: Point | str, called_at: str | None = None, progress: Progress | None = None) -> Report:
     """The report on the traced ``instances`` of a run that ``recorder`` recorded. ``whole`` is the
     point that checks ``with`` and ``tag`` groups, or why they cannot be checked; ``called_at`` is
-    where an instance that ``ag.verify`` itself created (``fn`` is a group) was created."""
+    where an instance that ``ag.verify`` itself created (``fn`` is a group) was created;
+    ``progress``, if given, is called before each check (a group instance, or ``fn`` as a whole)."""
     _check_options(order, max_instances)
     with second_order.untold():
-        return _check(instances, recorder, order, max_instances, whole, called_at)
+        return _check(instances, recorder, order, max_instances, whole, called_at,
+                      progress or (lambda done, total, what: None))
 
 
 def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, max_instances: int,
-           whole: Point | str, called_at: str | None) -> Report:
+           whole: Point | str, called_at: str | None, progress: Progress) -> Report:
     rows: list[Row] = []
     through_whole: list[Fired] = []
     end_to_end: list[tuple[Fired, Row]] = []
+    own_calls: list[tuple[GroupInstance, list[Fired], Call]] = []
     for name, group in _by_group(instances).items():
         rules = {rule.label: rule for instance in group for rule in instance.rules.rules}
         fired_per_rule = dict.fromkeys(rules, 0)
@@ -144,12 +152,7 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
             if not fired:
                 continue
             if call is not None:
-                grouped = autograd_group(call.group)(call.fn)
-                point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
-                own = check_point(point, fired, order, by_id=False) if point.inputs else [
-                    _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
-                rows += own
-                end_to_end += [(f, row) for f, row in zip(fired, own)]
+                own_calls.append((instance, fired, call))
             elif id(instance) in recorder.batched:
                 rows += [_row(f, order, NOT_CHECKED, "it ran under vmap, on a batch of inputs: check "
                                                      "one entry with ag.verify(fn, *args)") for f in fired]
@@ -166,11 +169,23 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
             elif count > max_instances:
                 rows.append(_summary(name, where, rule, order, f"{count - max_instances} more "
                                      f"instance(s) where it fired (max_instances={max_instances})"))
+    at_whole = not isinstance(whole, str)
+    total = len(own_calls) + (at_whole and bool(through_whole)) + (at_whole and bool(own_calls))
+    for done, (instance, fired, call) in enumerate(own_calls):
+        progress(done, total, instance.id)
+        grouped = autograd_group(call.group)(call.fn)
+        point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
+        own = check_point(point, fired, order, by_id=False) if point.inputs else [
+            _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
+        rows += own
+        end_to_end += [(f, row) for f, row in zip(fired, own)]
     if isinstance(whole, str):
         rows += [_row(f, order, NOT_CHECKED, whole) for f in through_whole]
     elif through_whole:
+        progress(len(own_calls), total, "the function given to ag.verify")
         rows += check_point(whole, through_whole, order, by_id=True)
     if not isinstance(whole, str) and end_to_end:
+        progress(total - 1, total, "the decorator groups' rules end to end")
         rows += _end_to_end(whole, end_to_end, order)
     rows.sort(key=lambda row: (row.group, row.instance == "", _number(row.instance), row.rule, row.scope))
     return Report(rows, order)
@@ -285,13 +300,13 @@ def check_point(point: Point, fired: list[Fired], order: int, by_id: bool) -> li
         if samples is None:
             return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
                     for f in fired]
-        return _rows(point, fired, order, by_id, at, limits.estimate(samples), probe)
+        return _rows(point, fired, order, by_id, at, Judge(probe, samples))
     finally:
         at.recorder.release()
 
 
 def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint,
-          found: limits.Limits, probe: Probe) -> list[Row]:
+          judge: Judge) -> list[Row]:
     rows = []
     for f in fired:
         again = at.instances.get(f.instance.id) if by_id else at.first
@@ -310,7 +325,8 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
                            f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
             rows.append(_row(f, order, NOT_CHECKED, reason))
         else:
-            rows.append(_verdict(f, order, point, at, found, reached, probe))
+            rows.append(_verdict(f, order, point, at, judge.compare(at.value, reached), reached,
+                                     judge.probe))
     return rows
 
 
@@ -328,9 +344,9 @@ def _reached(f: Fired, instance: GroupInstance, at: AtPoint) -> torch.Tensor | N
     return at.reach(sites) & ~at.nan if sites else None
 
 
-def _verdict(f: Fired, order: int, point: Point, at: AtPoint, found: limits.Limits,
-             reached: torch.Tensor, probe: Probe) -> Row:
-    compared = limits.compare(at.value, found, reached)
+def _verdict(f: Fired, order: int, point: Point, at: AtPoint, judged: Judged, reached: torch.Tensor,
+             probe: Probe) -> Row:
+    compared = judged.compared
     checked = int(compared.checked.sum())
     unchecked = int(reached.sum()) - checked
     inconsistent = bool(compared.inconsistent.any())
@@ -339,21 +355,36 @@ def _verdict(f: Fired, order: int, point: Point, at: AtPoint, found: limits.Limi
     if not inconsistent and unchecked:
         derivative = f"automatic {'gradient' if order == 1 else 'Hessian-vector product'}"
         k, what = next((int(mask.nonzero()[0, 0]), what) for mask, what in (
-            (compared.no_limit, f"the {derivative} has no limit there along some direction"),
+            (judged.untried, f"the {derivative} has no finite limit there, and finite differences of "
+                             f"the function's value are taken at {MAX_DIFFERENCES} elements at most"),
+            (compared.no_limit, f"the {derivative} has no limit there along some direction"
+                                + (", nor do finite differences of the function's value"
+                                   if order == 1 else "")),
             (compared.unbounded, f"the {derivative} grows without bound there (towards one side "
                                  f"only, or the rules give inf - inf of its infinite terms, NaN)"),
+            (compared.special, f"along every pair of opposite directions, a nearby point is itself "
+                               f"special (a rule fires there too), and the {derivative} has no "
+                               f"limit without it"),
             (compared.outside & probe.plain_nonfinite,
-             f"the function is finite nearby, but the plain composite's {derivative} is not (the "
-             f"rules' own is what order=2 compares with there)"),
-            (compared.outside, "every direction leaves the function's domain there")) if bool(mask.any()))
+             f"the function is finite nearby, but the plain composite's {derivative} is not"
+             + (", and finite differences of its value along its coordinate leave its domain"
+                if order == 1 else " (the rules' own is what order=2 compares with there)")),
+            (compared.outside, "every direction leaves the function's domain there"
+                               + (", and so do finite differences along its coordinate"
+                                  if order == 1 else ""))) if bool(mask.any()))
         reason = (f"{unchecked} of the {unchecked + checked} elements it reaches cannot be checked, "
                   f"e.g. {point.element(k)[0]}: {what}"
                   + (f"; it is consistent at the other {checked}" if checked else ""))
+    notes = []
     own = compared.checked & probe.own if probe.own.numel() else None
     if own is not None and bool(own.any()):
-        reason = (reason + "; " if reason else "") + (
-            f"{int(own.sum())} element(s) checked against the rules' own derivative nearby, where the "
-            f"plain composite's is not finite")
+        notes.append(f"{int(own.sum())} element(s) checked against the rules' own derivative nearby, "
+                     f"where the plain composite's is not finite")
+    differences = int(judged.differences.sum())
+    if differences:
+        notes.append(f"{differences} element(s) checked against finite differences of the function's "
+                     f"value, where the automatic gradient has no finite limit")
+    reason = "; ".join([reason, *notes] if reason else notes)
     if not checked:
         return _row(f, order, status, reason)
     k = _worst(compared, at.changed)
@@ -361,7 +392,8 @@ def _verdict(f: Fired, order: int, point: Point, at: AtPoint, found: limits.Limi
     return _row(f, order, status, reason, point=compared.kind, checked=checked,
                 difference=float(compared.excess[k]), tolerance=float(compared.tolerance[k]),
                 rule_value=float(at.value[k]), low=float(compared.low[k]), high=float(compared.high[k]),
-                input=name, index=index, input_value=value)
+                input=name, index=index, input_value=value, differences=differences,
+                reference=DIFFERENCES if bool(judged.differences[k]) else LIMITS)
 
 
 def _worst(compared: limits.Comparison, changed: torch.Tensor) -> int:

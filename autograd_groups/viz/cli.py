@@ -69,8 +69,8 @@ def register(subparsers: Any) -> None:
                     "(their special cases can be turned off).")
     _script_arguments(stats)
     stats.add_argument("--json", action="store_true",
-                       help="print the report as JSON (keys: docs/cli.md); the script's own output "
-                            "goes to stderr")
+                       help="print the report as JSON (keys: documentation, 'Command line'); "
+                            "the script's own output goes to stderr")
     stats.set_defaults(run=run_stats)
 
 

@@ -120,6 +120,9 @@ def _title(report: GroupReport) -> Text:
     if report.where:
         title.append(f"\n  at {short_where(report.where)}", style="dim")
     return title
+#: How each verdict is drawn: red only where something is wrong (non-finite gradients); "keep on" is
+#: advice, not an error.
+VERDICT_STYLES = {KEEP: "cyan", NONFINITE: "bold red", SAFE: "green"}
 
 
 def group_table(found: Sequence[GroupReport]) -> Table:
@@ -133,7 +136,7 @@ def group_table(found: Sequence[GroupReport]) -> Table:
         out.add_column(column, justify="right", overflow="fold")
     out.add_column("verdict", overflow="fold")
     for report in found:
-        color = {KEEP: "red", NONFINITE: "bold red", SAFE: "green"}.get(report.verdict, "dim")
+        color = VERDICT_STYLES.get(report.verdict, "dim")
         out.add_row(_title(report), str(report.instances), str(report.instances_off),
                     str(report.backward_passes) if report.rules else "-",
                     f"[{color}]{escape(report.verdict)}[/]")

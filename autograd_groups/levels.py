@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as forward_ad
 
-from ..compat import (
+from .compat import (
     TransformType,
     get_unwrapped,
     grad_transform_codes,

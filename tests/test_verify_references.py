@@ -1,0 +1,161 @@
+"""``ag.verify`` where the automatic gradient has no usable limit: against finite differences of the
+function's value where the plain composite's gradient is NaN on a whole neighbourhood (a NaN-safe
+Lennard-Jones energy with padding atoms at one point, a cross-entropy against a masked softmax), and
+at a kink whose nearby points are themselves special along some directions (the angle between
+parallel vectors). A right rule is consistent, a wrong one in the same setting inconsistent.
+
+The expected gradients are analytic: the Lennard-Jones forces, ``p - t`` for the cross-entropy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import autograd_groups as ag
+from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, INCONSISTENT, LIMITS
+
+F64 = torch.float64
+
+
+def lennard_jones(pos: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """4 (r^-12 - r^-6) over the pairs of real atoms: the self pairs and the padding atoms (all at
+    one point) masked out with a ``where``, so that every distance they have is 0."""
+    r = (pos[:, None, :] - pos[None, :, :]).pow(2).sum(-1).sqrt()
+    keep = real[:, None] & real[None, :] & ~torch.eye(len(pos), dtype=torch.bool)
+    energy = 4 * ((1 / r).pow(12) - (1 / r).pow(6))
+    return torch.where(keep, energy, torch.zeros_like(energy)).sum() / 2
+
+
+def cross_entropy(z: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """-sum t log softmax(z), the masked classes at -inf: ``xlogy(0, 0)`` there."""
+    return -torch.xlogy(t, torch.softmax(z.masked_fill(mask, -torch.inf), -1)).sum()
+
+
+def angle(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.acos(F.cosine_similarity(a, b, dim=-1))
+
+
+ATOMS = torch.tensor([[0.0, 0.0, 0.0], [1.1, 0.0, 0.0], [0.0, 1.2, 0.0], [0.1, 0.3, 1.15],
+                      [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
+REAL = torch.tensor([True, True, True, True, False, False])
+LOGITS = torch.tensor([[0.5, -1.0, 2.0, 0.3], [1.0, 0.2, -0.4, 0.0]], dtype=F64)
+TARGET = torch.tensor([[0.7, 0.0, 0.3, 0.0], [0.0, 1.0, 0.0, 0.0]], dtype=F64)
+MASK = torch.tensor([[False, True, False, False], [False, False, True, True]])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Each check runs these small functions hundreds of times: on a shared machine, torch's
+    intra-op threads only wait for each other (the softmax of 8 numbers took 20 ms)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _fired(report: ag.Report) -> ag.Row:
+    (row,) = [row for row in report.rows if row.instance and not row.scope]
+    return row
+
+
+def _forces(pos: torch.Tensor) -> torch.Tensor:
+    """-dE/dpos of the real atoms' Lennard-Jones energy, analytically."""
+    d = pos[:, None, :] - pos[None, :, :]
+    r = d.norm(dim=-1).fill_diagonal_(1.0)
+    du = 4 * (-12 * r ** -13 + 6 * r ** -7)
+    keep = (REAL[:, None] & REAL[None, :]).fill_diagonal_(False)
+    return -(torch.where(keep, du / r, 0.0)[..., None] * d).sum(1)
+
+
+def test_the_plain_lennard_jones_gradient_is_nan_on_a_whole_neighbourhood() -> None:
+    """The premise: every nearby point has the self pairs, so no limit of the automatic gradient."""
+    nearby = (ATOMS + 1e-3 * torch.randn(ATOMS.shape, generator=torch.Generator().manual_seed(0),
+                                         dtype=F64)).requires_grad_()
+    (grad,) = torch.autograd.grad(lennard_jones(nearby, REAL), nearby)
+    assert bool(grad.isnan().all())
+
+
+def test_a_nan_safe_lennard_jones_energy_is_consistent_against_finite_differences() -> None:
+    with ag.registry_scope():
+        ag.register_rule("lj", ag.NanSafe())
+        energy = ag.autograd_group("lj")(lennard_jones)
+        pos = ATOMS.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(energy(pos, REAL), pos)
+        torch.testing.assert_close(grad, -_forces(ATOMS), rtol=1e-12, atol=1e-12)
+        row = _fired(ag.verify(energy, ATOMS, REAL))
+    assert (row.status, row.point, row.reference) == (CONSISTENT, "smooth", DIFFERENCES)
+    assert row.differences == row.checked == ATOMS.numel()
+    assert "checked against finite differences of the function's value" in row.reason
+    json_row = ag.Report([row], 1).to_json()["rows"][0]
+    assert (json_row["reference"], json_row["differences"]) == (DIFFERENCES, ATOMS.numel())
+
+
+def test_a_wrong_rule_on_the_same_lennard_jones_energy_is_inconsistent() -> None:
+    """A subgradient that fires at every distance below 1.2 zeroes real forces too."""
+    with ag.registry_scope():
+        ag.register_rule("lj_wrong", ag.Subgradient(op="sqrt", when="result < 1.2", grad=0))
+        row = _fired(ag.verify(ag.autograd_group("lj_wrong")(lennard_jones), ATOMS, REAL))
+    assert (row.status, row.reference) == (INCONSISTENT, DIFFERENCES)
+    assert row.difference is not None and row.difference > 0.1
+    # The reference it gives is the exact derivative of the projection; here it is an atom's force
+    # component weighted by the one output's weight 1.
+    flat = row.index[0] * 3 + row.index[1]
+    assert row.low == pytest.approx(float(-_forces(ATOMS).reshape(-1)[flat]), rel=1e-6)
+
+
+def test_an_xlogy_subgradient_is_checked_against_finite_differences_both_ways() -> None:
+    with ag.registry_scope():
+        ag.register_rule("ce", ag.Subgradient(op="xlogy", when="self == 0", grad=0, input=1))
+        right = ag.autograd_group("ce")(cross_entropy)
+        z = LOGITS.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(right(z, TARGET, MASK), z)
+        p = torch.softmax(LOGITS.masked_fill(MASK, -torch.inf), -1)
+        torch.testing.assert_close(grad, p - TARGET, rtol=1e-12, atol=1e-12)
+        # In the logits alone (the target a constant), as a training step differentiates it.
+        row = _fired(ag.verify(lambda z: right(z, TARGET, MASK), LOGITS))
+        assert (row.status, row.point, row.reference) == (CONSISTENT, "smooth", DIFFERENCES)
+        # Wrong: five times the incoming gradient where the target is 0 (p > 0 there too).
+        ag.register_rule("ce_five", ag.Subgradient(op="xlogy", when="self == 0", grad="5 * grad", input=1))
+        five = ag.autograd_group("ce_five")(cross_entropy)
+        row = _fired(ag.verify(lambda z: five(z, TARGET, MASK), LOGITS))
+        assert (row.status, row.reference) == (INCONSISTENT, DIFFERENCES)
+        # Wrong too, in the target: 0 to it as well, where d/dt is -log p.
+        ag.register_rule("ce_both", ag.Subgradient(op="xlogy", when="self == 0", grad=0))
+        row = _fired(ag.verify(ag.autograd_group("ce_both")(cross_entropy), LOGITS, TARGET, MASK))
+    assert (row.status, row.reference, row.input[:1]) == (INCONSISTENT, DIFFERENCES, "t")
+    assert row.rule_value == 0.0 and row.low is not None and abs(row.low) > 0.1
+
+
+def _parallel_rows(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(-3, 4, (4, 3), generator=g).to(F64)
+    b = torch.randint(-3, 4, (4, 3), generator=g).to(F64)
+    b[0], b[1] = 2 * a[0], -a[1]  # parallel, antiparallel
+    return a, b
+
+
+def test_the_angle_at_parallel_and_antiparallel_rows_is_a_consistent_kink() -> None:
+    """Seeds 2 and 5 have rows whose nearby cosines round to exactly +-1 at small steps along some
+    directions: those samples are the special point's rounding, and are left out."""
+    with ag.registry_scope():
+        ag.register_rule("angle", ag.Subgradient(op="acos", when="abs(self) == 1", grad=0))
+        grouped = ag.autograd_group("angle")(angle)
+        for seed in (2, 5):
+            a, b = _parallel_rows(seed)
+            special = F.cosine_similarity(a, b, dim=-1).abs() == 1
+            assert bool(special[1]) and not bool(special[2:].any())
+            row = _fired(ag.verify(grouped, a, b))
+            assert (row.status, row.point, row.reference) == (CONSISTENT, "kink", LIMITS), row.reason
+            assert row.checked == 6 * int(special.sum())  # each special row of a and of b
+
+
+def test_a_wrong_acos_rule_at_the_same_rows_is_inconsistent() -> None:
+    """Any value at the acos of exactly parallel rows meets d cos / da = 0 there, so a wrong rule
+    shows where it also fires away from them: abs(self) > 0.2 zeroes a smooth row's gradient."""
+    with ag.registry_scope():
+        ag.register_rule("angle_wrong", ag.Subgradient(op="acos", when="abs(self) > 0.2", grad=0))
+        a, b = _parallel_rows(5)
+        row = _fired(ag.verify(ag.autograd_group("angle_wrong")(angle), a, b))
+    assert (row.status, row.reference) == (INCONSISTENT, LIMITS)
+    assert row.index[0] >= 2 and row.rule_value == 0.0
