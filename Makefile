@@ -13,9 +13,11 @@ $(STAMP): pyproject.toml constraints-dev.txt
 
 install: $(STAMP)
 
+# The doctor exits 1 when it finds a problem, which is what the demo shows.
 demo: $(STAMP)
 	$(BIN)/python examples/cdist.py
 	$(BIN)/python examples/metric_learning.py
+	$(BIN)/autograd-groups doctor examples/triplet_nan.py -- --steps 3 || test $$? -eq 1
 
 # The docs site is built in the suite too (tests/test_docs_site.py: mkdocs build --strict).
 test: $(STAMP)

@@ -7,6 +7,7 @@ True
 
 from typing import TYPE_CHECKING
 
+from .doctor.inprocess import doctor
 from .errors import (
     ExpressionError,
     ForwardModeWarning,
@@ -43,7 +44,7 @@ __all__ = [
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
     "ForwardModeWarning",
-    "__version__", "Report", "Row", "verify", "UnsupportedRelease",
+    "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor",
 ]
 
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from . import __version__
+from .doctor import cli as doctor_cli
 from .spec import cli as spec_cli
 from .verify import cli as verify_cli
 from .viz import cli as viz_cli
@@ -24,12 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="autograd-groups",
         description="Inspect autograd groups: validate spec files, list rules, draw traced graphs, "
-                    "check rules against the math.")
+                    "check rules against the math, and find where a NaN in a training step is born "
+                    "(doctor).")
     parser.add_argument("--version", action="version", version=f"autograd-groups {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     spec_cli.register(commands)
     viz_cli.register(commands)
     verify_cli.register(commands)
+    doctor_cli.register(commands)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown = " ".join(extra)

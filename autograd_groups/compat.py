@@ -367,3 +367,9 @@ def _disable_when_called(fn: Callable[..., Any]) -> Callable[..., Any]:
 #: the public ``torch.compiler.disable``, applied lazily, where a release lacks the private one.
 disable_dynamo: Callable[[Callable[..., Any]], Callable[..., Any]] = (
     _lookup(torch, "_disable_dynamo") or _disable_when_called)
+
+
+#: One fused norm of a list of tensors (the doctor's trigger reads it once per backward); None where
+#: a release lacks it, and the trigger checks tensor by tensor.
+foreach_norm: Callable[[list[torch.Tensor]], tuple[torch.Tensor, ...]] | None = _lookup(
+    torch, "_foreach_norm")

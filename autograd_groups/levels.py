@@ -73,6 +73,15 @@ def differentiating_levels() -> list[int]:
 
 #: The public entries of a backward pass, as the frames of the thread that started it show them.
 _ENTRIES = frozenset(inspect.unwrap(f).__code__ for f in (torch.autograd.grad, torch.autograd.backward))
+#: Code of wrappers around ``torch.autograd.grad`` (the doctor's watch) that stand between functorch
+#: and the real entry without changing which backward it is.
+_PASSING: set[types.CodeType] = set()
+
+
+def passes_through(*codes: types.CodeType) -> None:
+    """Let frames running ``codes`` stand between ``torch.func.grad`` and ``torch.autograd.grad``:
+    a wrapper that watches the call is still ``grad``'s own backward."""
+    _PASSING.update(codes)
 
 
 def _grad_transform_backward() -> bool:
@@ -109,6 +118,8 @@ def _launched(frame: Any, codes: tuple[types.CodeType, types.CodeType]) -> bool 
     if frame is None:
         return None
     caller = frame.f_back
+    while caller is not None and caller.f_code in _PASSING:
+        caller = caller.f_back
     outer = caller.f_back if caller is not None else None
     return (caller is not None and caller.f_code is codes[1]
             and outer is not None and outer.f_code is codes[0])

@@ -15,6 +15,8 @@ import autograd_groups as ag
 from autograd_groups import finiteness
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Training scripts that the doctor's tests run; collecting them as doctests would run them at import.
+collect_ignore = ["doctor_corpus"]
 
 # The built-in ops register their spec once, at import: do it before any test's registry scope.
 with contextlib.suppress(ImportError):

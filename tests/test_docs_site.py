@@ -112,7 +112,10 @@ def test_the_performance_page_has_one_note_on_how_figures_were_taken() -> None:
 
 
 def test_the_api_reference_lists_every_public_name() -> None:
-    listed = set(re.findall(r"^::: autograd_groups\.(\S+)$", (DOCS / "api.md").read_text(), re.M))
+    # A name whose module has the same name (ag.doctor, the package autograd_groups.doctor) is listed
+    # by its full path, which the documentation tool resolves to the function.
+    listed = {path.rsplit(".", 1)[-1] for path in re.findall(r"^::: autograd_groups\.(\S+)$",
+                                                            (DOCS / "api.md").read_text(), re.M)}
     assert sorted(set(ag.__all__) - listed) == []
     assert sorted(listed - set(ag.__all__)) == []
 
@@ -123,7 +126,7 @@ def test_the_site_builds_in_strict_mode_with_every_public_name(tmp_path: Path) -
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     api = (tmp_path / "api" / "index.html").read_text()
-    documented = set(re.findall(r'id="autograd_groups\.(\w+)"', api))
+    documented = {path.rsplit(".", 1)[-1] for path in re.findall(r'id="autograd_groups\.([\w.]+)"', api)}
     assert sorted(set(ag.__all__) - documented) == []
     changelog = (tmp_path / "changelog" / "index.html").read_text()
     assert "Built-in ops" in changelog and "--8&lt;--" not in changelog

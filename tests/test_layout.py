@@ -55,8 +55,8 @@ def test_no_import_cycles_between_modules() -> None:
 #: layers below it, never of one above. It belongs to the layer of the longest name that is it or a
 #: package holding it ("" is the package's own ``__init__``, the public face over everything).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("PyTorch's private API, errors, call sites, autograd's ops, torch.func levels",
-     ("compat", "errors", "frames", "host_reads", "nodes", "levels")),
+    ("PyTorch's private API, errors, call sites, autograd's ops, torch.func levels, running a script",
+     ("compat", "errors", "frames", "host_reads", "nodes", "levels", "script")),
     ("rules and the spec files that declare them", ("rules", "spec")),
     ("what a group instance decides at forward time", ("flag", "instance", "claims", "zero_passing")),
     ("drawing a traced graph", ("viz",)),
@@ -64,8 +64,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the rule sites at backward time", ("sites", "finiteness")),
     ("groups: opening instances and hooking their sites", ("groups",)),
     ("on top of groups: the built-ins, verify", ("ops", "verify")),
+    ("diagnosing a NaN in a training step, with verify to check its fixes", ("doctor",)),
     ("the commands and the package's face",
-     ("", "__main__", "cli", "spec.cli", "verify.cli", "viz.cli", "viz.script")),
+     ("", "__main__", "cli", "spec.cli", "verify.cli", "viz.cli", "doctor.cli")),
 )
 
 
@@ -95,4 +96,4 @@ def test_no_import_runs_back_up_a_layer() -> None:
 def test_layer_of_takes_the_longest_name() -> None:
     names = ("autograd_groups", "autograd_groups.viz.fold", "autograd_groups.viz.cli",
              "autograd_groups.levels", "autograd_groups.sites.levels")
-    assert [layer_of(m) for m in names] == [8, 3, 8, 0, 5]
+    assert [layer_of(m) for m in names] == [9, 3, 9, 0, 5]

@@ -21,8 +21,8 @@ from rich.status import Status
 
 from ..observe.recording import Recorder, recording
 from ..observe.tracer import trace
+from ..script import Exit
 from ..viz.cli import _check_script, _run, _say, _script_arguments
-from ..viz.script import Exit
 from .verify import MAX_INSTANCES, Progress, check
 
 #: The command's exit codes; an inconsistent rule is reported as 1 whether or not the script failed.

@@ -19,20 +19,13 @@ from typing import Any
 from rich.console import Console
 
 from ..errors import GroupError
+from ..script import Exit, run_script
+from ..script import check_script as _check_script
+from ..script import script_arguments as _script_arguments
 from .export import DEFAULT_MAX_NODES
-from .script import Exit, run_script
 
 VIZ_USAGE = "autograd-groups viz SCRIPT.py [--out FILE] [--group NAME] [--max-nodes N] [-- ARGS]"
 STATS_USAGE = "autograd-groups stats SCRIPT.py [--json] [-- ARGS]"
-
-
-def _script_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("script", metavar="SCRIPT.py")
-    # nargs="+" made optional, not "*": argparse would match an empty "*" right after SCRIPT.py and
-    # then reject what follows "--"; "+" waits for the arguments after "--" (or none at all).
-    rest = parser.add_argument("args", nargs="+", default=[], metavar="ARGS",
-                               help="arguments for the script, after --")
-    rest.required = False
 
 
 def register(subparsers: Any) -> None:
@@ -72,18 +65,6 @@ def register(subparsers: Any) -> None:
                        help="print the report as JSON (keys: documentation, 'Command line'); "
                             "the script's own output goes to stderr")
     stats.set_defaults(run=run_stats)
-
-
-def _check_script(command: str, path: str) -> bool:
-    if not os.path.isfile(path):
-        _say(f"autograd-groups {command}: error: no such script: {path}")
-        return False
-    if path.endswith((".yaml", ".yml")):
-        _say(f"autograd-groups {command}: error: {path} is a spec file; `{command}` runs a Python "
-             f"script (the one that trains or evaluates your model, which loads the spec). To "
-             f"validate the spec itself, run `autograd-groups check {path}`")
-        return False
-    return True
 
 
 def _ended(command: str, script: str, code: Exit) -> None:

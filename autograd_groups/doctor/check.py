@@ -1,0 +1,115 @@
+"""Checking a proposed fix: run the changed script to the bad step and compare its gradients with the
+replayed original's. A fix passes only where the new gradients are finite, equal to the original
+wherever the original was finite (an epsilon or a clamp changes them), and, for a rule, where
+``ag.verify`` finds the rule consistent with the math (at second order where the step
+differentiates twice)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import dataclass
+
+import torch
+
+from ..observe.recording import Recorder, recording
+from ..observe.tracer import trace
+from ..rules.registry import registry_scope
+from ..verify.verdict import CONSISTENT, INCONSISTENT
+from ..verify.verify import MAX_INSTANCES
+from ..verify.verify import check as verify_check
+from .replay import RandomState, run
+from .session import Backward, Grads, Session
+
+#: How close a new gradient must be to the original where that was finite: float rounding of a
+#: native op against its composite, not a change of value.
+RTOL, ATOL = 1e-4, 1e-6
+
+
+@dataclass
+class Baseline:
+    """The replayed original step: its bad backward, the tensors it differentiated and their
+    gradients, and whether the step differentiated twice."""
+
+    bad: Backward
+    leaves: list[torch.Tensor]
+    grads: Grads
+    second_order: bool
+
+
+def check(script: str, args: list[str], source: str, baseline: Baseline, start: RandomState,
+          rule: bool) -> tuple[bool, str]:
+    """Run ``source`` in place of ``script`` to the bad backward and judge it: (passed, what was
+    checked or why it failed)."""
+    session = Session(stop_at=baseline.bad.index)
+    recorder = Recorder(copies=MAX_INSTANCES)
+    printed = io.StringIO()
+    with registry_scope(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        with trace() as traced, recording(recorder):
+            done = run(script, args, session, start, source, eager=True)
+        try:
+            verdict = verify_check(traced.instances, recorder, 2 if baseline.second_order else 1,
+                                   MAX_INSTANCES, "a group around a statement is checked through the run "
+                                   "alone") if rule else None
+        finally:
+            recorder.close()
+    if not done.stopped:
+        said = printed.getvalue().strip().splitlines()
+        how = f": {said[-1]}" if said else ""
+        return False, f"the changed script did not reach backward pass {baseline.bad.index}{how}"
+    compared = _compare(baseline, session.last_leaves, session.last_grads)
+    if compared is not None:
+        return False, compared
+    order = "second" if baseline.second_order else "first"
+    checked = (f"backward pass {baseline.bad.index} replayed: gradients finite, equal to the original's "
+               f"wherever those were finite (rtol {RTOL:g})")
+    if verdict is None:
+        return True, checked
+    rows = [r for r in verdict.rows if r.scope == ""]
+    bad = [r for r in rows if r.status == INCONSISTENT]
+    if bad:
+        row = bad[0]
+        return False, f"ag.verify: the rule is inconsistent at {row.where} ({row.reason or row.point})"
+    if not any(r.status == CONSISTENT for r in rows):
+        reasons = sorted({r.reason for r in rows if r.reason}) or ["the rule did not fire"]
+        return False, f"{checked}; ag.verify did not check the rule ({order} order): {reasons[0]}"
+    points = sorted({r.point for r in rows if r.status == CONSISTENT and r.point})
+    return True, f"{checked}; ag.verify: consistent ({order} order, {', '.join(points) or 'checked'})"
+
+
+def _compare(baseline: Baseline, leaves: list[torch.Tensor], grads: Grads) -> str | None:
+    """Why the new gradients fail, or None where they pass."""
+    new = _matched(baseline.leaves, leaves, grads)
+    for i, (old, now) in enumerate(zip(baseline.grads, new)):
+        if old is None:
+            continue
+        if now is None:
+            return f"the changed script gave no gradient for tensor {i} of shape {tuple(old.shape)}"
+        if not bool(torch.isfinite(now).all()):
+            return (f"gradients still not finite: {int((~torch.isfinite(now)).sum())} elements of the "
+                    f"tensor of shape {tuple(now.shape)}")
+        kept = torch.isfinite(old)
+        scale = float(old[kept].abs().max()) if bool(kept.any()) else 1.0
+        diff = (now - old).abs()[kept]
+        limit = ATOL * max(scale, 1.0) + RTOL * old.abs()[kept]
+        if bool((diff > limit).any()):
+            return (f"changes the gradient where it was finite: by up to {float(diff.max()):.3g} "
+                    f"(tensor of shape {tuple(old.shape)})")
+    return None
+
+
+def _matched(old_leaves: list[torch.Tensor], new_leaves: list[torch.Tensor], new_grads: Grads) -> Grads:
+    """The new run's gradients in the order of the original's leaves: the same shape, the nearest
+    values (two runs of a script make their parameters anew)."""
+    free = list(range(len(new_leaves)))
+    matched: Grads = []
+    for old in old_leaves:
+        same = [i for i in free if new_leaves[i].shape == old.shape and new_leaves[i].dtype == old.dtype]
+        if not same:
+            matched.append(None)
+            continue
+        best = min(same, key=lambda i: float((new_leaves[i].detach() - old.detach()).abs().max())
+                   if old.numel() else 0.0)
+        free.remove(best)
+        matched.append(new_grads[best])
+    return matched

@@ -1,0 +1,112 @@
+"""From a NaN in a training step to where it is born, what kind it is, and fixes that are checked:
+the steps of ``autograd-groups doctor``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import torch
+
+from ..script import Exit
+from . import locate
+from .check import Baseline
+from .classify import Evidence, classify, huge
+from .instruments import Ran
+from .propose import propose
+from .replay import Instrumented, RandomState, replay, run
+from .report import Appears, Diagnosis
+from .session import Session
+from .tensors import all_finite
+
+
+def diagnose(script: str, args: list[str] | None = None, steps: int | None = None,
+             check: bool = True) -> tuple[Diagnosis, Exit]:
+    """Run ``script`` as ``python SCRIPT ARGS`` would, watching each backward pass (at most
+    ``steps``), and diagnose the first whose loss or leaf gradients are not finite: replay it with
+    the instruments on, locate the birth, classify it, and propose fixes, each checked by a replay
+    unless ``check`` is False. Returns the report and the script's own exit code (0 where it ran to
+    its end or the doctor stopped it, else with how it ended).
+
+    >>> import pathlib, tempfile
+    >>> script = pathlib.Path(tempfile.mkdtemp()) / "train.py"
+    >>> _ = script.write_text("import torch\\nx = torch.zeros(3, requires_grad=True)\\n"
+    ...                       "x.sqrt().sum().backward()\\n")
+    >>> report, code = diagnose(str(script))
+    >>> report.cls, report.born.node, report.born.line
+    ('B', 'SqrtBackward0', 3)
+    """
+    args = list(args or [])
+    start = RandomState.now()
+    first = run(script, args, Session(limit=steps), start)
+    bad = first.session.bad
+    watched = len(first.session.backwards)
+    if bad is None:
+        return Diagnosis("clean", watched), first.exit or Exit(0)
+    report = Diagnosis("found", watched, step=bad.index)
+    if first.process is not None:
+        rank, size = first.process
+        report.notes.append(f"one process was diagnosed: rank {rank} of {size}; the others may differ")
+    compiled = any(b.compiled for b in first.session.backwards)
+    if compiled:
+        report.notes.append("the script compiles: the bad step was replayed eagerly "
+                            "(torch.compiler.set_stance('force_eager'))")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        again, seen = replay(script, args, bad, start, eager=True)
+    born_ran = diagnose_step(report, again.session, seen, again.stopped)
+    baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads,
+                        any(b.create_graph for b in again.session.backwards))
+    report.proposals = propose(script, args, report, born_ran, baseline, start, check,
+                               "checks were turned off")
+    return report, Exit(0)
+
+
+def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, reproduced: bool) -> Ran | None:
+    """Classify and locate the finding in the instrumented step ``seen`` (``reproduced``: the run
+    got to the bad backward again); the node where the backward birth is."""
+    if not reproduced or seen.backward is None or seen.backward.finite:
+        report.cls = "G"
+        return None
+    found = locate.forward(seen.forward.calls, seen.roots)
+    back = locate.backward(seen.ran)
+    earlier = session.backwards[:-1]
+    was_finite = bool(earlier) and earlier[-1].finite and earlier[-1].values_finite \
+        and session.optimizer_steps > 0
+    parameter = next((e for e in found.entered if e.parameter), None)
+    data = next((e for e in found.entered if not e.parameter), None)
+    reached = found.reached or (found.births[0] if found.births else None)
+    values = []
+    if back.born is not None:
+        values = locate.saved_tensors(back.born)
+        values += [g for g in back.born.grad_outputs if isinstance(g, torch.Tensor)]
+    dtype = values[0].dtype if values else torch.float32
+    arrived = None if back.born is None else locate.incoming(back.born, locate.born_mask(back.born))
+    # A forward value that a mask or an index left out of the loss, saved by a node that mixes
+    # elements and whose gradient it poisons (0 * NaN in a matmul's backward): born in the forward,
+    # with 0 arriving there.
+    carried = arrived is None and back.born is not None and reached is not None \
+        and seen.backward.loss_finite and not all_finite(locate.saved_tensors(back.born))
+    report.cls = classify(Evidence(
+        reproduced=True, entered_parameter=parameter is not None, entered_data=data is not None,
+        parameters_were_finite=was_finite, loss_finite=seen.backward.loss_finite,
+        forward_birth=reached is not None,
+        forward_overflow=reached is not None and locate.overflowed(reached[0], reached[1]),
+        backward_birth=back.born is not None,
+        incoming="zero" if carried else arrived,
+        huge=huge(values, dtype)))
+    entered = parameter or data
+    if report.cls in ("E", "F") and entered is not None:
+        report.born = locate.born_entered(entered)
+    elif (report.cls in ("C", "D") or carried) and reached is not None:
+        report.born = locate.born_forward(reached[0], reached[1])
+        report.born.incoming = "zero" if carried else None
+    elif back.born is not None:
+        report.born = locate.born_backward(back.born, seen.forward.frames)
+    if back.appears is not None and back.appears is not back.born:
+        frame = seen.forward.frames.get(back.appears.node)
+        report.appears = Appears(type(back.appears.node).__name__, None if frame is None else frame.file,
+                                 None if frame is None else frame.line)
+    if report.born is not None and report.born.file is not None:
+        report.born.file = os.path.abspath(report.born.file)
+    return back.born

@@ -1,0 +1,129 @@
+"""Changes to the user's file, made on its syntax tree and shown as a unified diff: a native op in
+place of an expression, a group decorator on a function, a ``with`` block around a statement, and
+the lines that import the library and register a rule."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+from dataclasses import dataclass
+
+#: The name the changes give the library where the file does not import it already.
+ALIAS = "ag"
+
+
+@dataclass
+class Source:
+    """A user's file: its path, lines and syntax tree."""
+
+    path: str
+    lines: list[str]
+    tree: ast.Module
+
+    @classmethod
+    def read(cls, path: str) -> Source | None:
+        """The file, or None where it cannot be read or parsed."""
+        try:
+            with open(path) as f:
+                text = f.read()
+            return cls(path, text.splitlines(keepends=True), ast.parse(text))
+        except (OSError, SyntaxError, ValueError):
+            return None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def alias(self) -> str | None:
+        """The name the file imports ``autograd_groups`` as, if it does."""
+        for node in self.tree.body:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name == "autograd_groups":
+                        return a.asname or a.name
+        return None
+
+    def innermost_function(self, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        """The innermost function whose body holds ``line``."""
+        holding = [n for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and n.body[0].lineno <= line <= (n.end_lineno or n.lineno)]
+        return max(holding, key=lambda n: n.lineno, default=None)
+
+    def top_statement(self, line: int) -> ast.stmt | None:
+        """The module-level statement that holds ``line``."""
+        return next((s for s in self.tree.body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+
+    def simple_statement(self, line: int) -> ast.stmt | None:
+        """The innermost statement holding ``line`` that holds no block of its own (an assignment,
+        an expression, a return)."""
+        found = [n for n in ast.walk(self.tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+                 and n.lineno <= line <= (n.end_lineno or n.lineno)]
+        return max(found, key=lambda n: n.lineno, default=None)
+
+    def calls_on(self, line: int) -> list[ast.Call]:
+        """The calls that start and end on ``line``, outermost first."""
+        calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call) and n.lineno == line
+                 and n.end_lineno == line]
+        return sorted(calls, key=lambda c: (c.col_offset, -(c.end_col_offset or 0)))
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text, node) or ""
+
+
+class Edit:
+    """A changed copy of a :class:`Source`, line by line."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.lines = list(source.lines)
+        self._inserted: list[tuple[int, int]] = []  # (original line, lines inserted before it)
+
+    def _at(self, line: int) -> int:
+        """The index in the changed lines of the original 1-based ``line``."""
+        return line - 1 + sum(n for at, n in self._inserted if at <= line)
+
+    def insert(self, before: int, new: list[str]) -> None:
+        """Insert ``new`` lines before the original line ``before`` (past the end: append)."""
+        index = self._at(before) if before <= len(self.source.lines) else len(self.lines)
+        self.lines[index:index] = [n if n.endswith("\n") else n + "\n" for n in new]
+        self._inserted.append((before, len(new)))
+
+    def replace(self, node: ast.expr, text: str) -> None:
+        """Replace the expression ``node`` (on one line) with ``text``."""
+        index = self._at(node.lineno)
+        line = self.lines[index]
+        raw = line.encode()
+        start, end = node.col_offset, node.end_col_offset or node.col_offset
+        self.lines[index] = (raw[:start].decode() + text + raw[end:].decode())
+
+    def indent(self, first: int, last: int, by: str = "    ") -> None:
+        for line in range(first, last + 1):
+            index = self._at(line)
+            self.lines[index] = by + self.lines[index] if self.lines[index].strip() else self.lines[index]
+
+    def import_library(self) -> str:
+        """Import ``autograd_groups`` where the file does not; the name to call it by."""
+        name = self.source.alias()
+        if name is not None:
+            return name
+        imports = [n for n in self.source.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        after = max((n.end_lineno or n.lineno) for n in imports) if imports else 0
+        self.insert(after + 1, [f"import autograd_groups as {ALIAS}"])
+        return ALIAS
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def diff(self) -> str:
+        """The change as a unified diff, with the file's path relative to the working directory."""
+        path = os.path.relpath(self.source.path) if os.path.isabs(self.source.path) else self.source.path
+        if path.startswith(".."):
+            path = self.source.path
+        return "".join(difflib.unified_diff(self.source.lines, self.lines, fromfile=path, tofile=path))
+
+
+def indentation(source: Source, line: int) -> str:
+    text = source.lines[line - 1]
+    return text[:len(text) - len(text.lstrip())]

@@ -1,0 +1,52 @@
+"""The user's code in a stack: the innermost frame that is neither PyTorch's, this library's, nor
+Python's own, with its enclosing function -- for a NaN born inside ``nn.MultiheadAttention``, the
+line that calls it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import types
+from dataclasses import dataclass
+
+import torch
+
+_PATHS = sysconfig.get_paths()
+#: PyTorch, this library, the standard library and installed packages: code the user does not own.
+_NOT_THE_USERS = tuple(sorted({os.path.abspath(p) + os.sep for p in (
+    os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    _PATHS["stdlib"], _PATHS["purelib"], _PATHS["platlib"])}))
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A line of the user's code: ``file``, ``line`` and the enclosing ``function``."""
+
+    file: str
+    line: int
+    function: str
+
+
+def is_users(filename: str) -> bool:
+    """Whether a code object's file is the user's: not in PyTorch, this library, the standard
+    library or installed packages (``<stdin>`` and doctests count as the user's).
+
+    >>> is_users(torch.__file__), is_users("train.py")
+    (False, True)
+    """
+    return not os.path.abspath(filename).startswith(_NOT_THE_USERS)
+
+
+def user_frame(depth: int = 1) -> Frame | None:
+    """The innermost frame of the user's code that calls this, or None when there is none.
+
+    >>> user_frame().function
+    '<module>'
+    """
+    frame: types.FrameType | None = sys._getframe(depth)
+    while frame is not None and not is_users(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)

@@ -1,0 +1,55 @@
+"""``ag.doctor()``: the doctor inside a running program, for code that is no script (a notebook, a
+test, a training loop of a framework)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from .check import Baseline
+from .diagnose import diagnose_step
+from .propose import NOT_REPLAYED, propose
+from .replay import Instrumented, RandomState
+from .report import Diagnosis
+from .session import Backward, Session
+
+
+@contextlib.contextmanager
+def doctor() -> Iterator[Diagnosis]:
+    """Watch every backward pass in the block with the instruments on, and diagnose the first whose
+    loss or leaf gradients are not finite into the yielded report (the one ``autograd-groups
+    doctor`` prints). The block's code cannot be run again from here, so its proposals are not
+    checked: for checked fixes, run the script under ``autograd-groups doctor``. Each watched step
+    costs what an instrumented step does (docs: "Doctor"); after the finding, nothing more is watched.
+
+    >>> import torch, autograd_groups as ag
+    >>> x = torch.zeros(3, requires_grad=True)
+    >>> with ag.doctor() as report:
+    ...     x.sqrt().sum().backward()
+    >>> report.status, report.cls, report.born.node
+    ('found', 'B', 'SqrtBackward0')
+    """
+    report = Diagnosis("clean", 0)
+    seen = Instrumented()
+    session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False)
+
+    def after(backward: Backward) -> None:
+        report.backward_calls = backward.index
+        if not backward.bad:
+            seen.forward.reset()
+            return
+        report.status, report.step = "found", backward.index
+        born_ran = diagnose_step(report, session, seen, True)
+        baseline = Baseline(backward, session.last_leaves, session.last_grads, False)
+        report.proposals = propose("", [], report, born_ran, baseline, RandomState.now(), check_them=False,
+                                   unchecked=NOT_REPLAYED)
+        session.around, session.after = None, None
+        seen.forward.recording = False  # its mode leaves the stack with the block
+
+    session.after = after
+    try:
+        with session.installed():
+            yield report
+    finally:
+        seen.close()
+

@@ -1,0 +1,159 @@
+"""The instruments of the step the doctor looks at: every torch call of its forward, with the user's
+line that made each autograd node, and every node's gradients in its backward.
+
+Both only keep references while the step runs; whether values are finite is read afterwards, in one
+host read for the whole step (:mod:`.locate`), so an instrumented step costs little more than the
+hooks themselves. An in-place call is the exception: its inputs are read before it overwrites them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..nodes import ACCUMULATE_GRAD, saved_names
+from .frames import Frame, user_frame
+from .tensors import finite_flags, floating, plain
+
+#: Torch calls that read an attribute or a size rather than compute a value.
+_NOT_OPS = frozenset({"__get__", "__set__", "size", "dim", "numel", "item", "tolist", "__len__",
+                      "__bool__", "__format__", "__repr__", "data_ptr", "stride", "storage_offset"})
+
+#: Calls that run a backward: the nodes a ``create_graph`` backward makes are a first-order node's,
+#: found through anomaly mode's parent links, not the line of the call.
+_DIFFERENTIATING = frozenset({"grad", "backward", "vjp"})
+
+
+def _flat(value: Any) -> Iterator[Any]:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (list, tuple)):
+            stack.extend(reversed(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        else:
+            yield item
+
+
+@dataclass
+class Call:
+    """One torch call of the forward: its name, the user's line, its floating-point tensor inputs
+    and outputs, and for an in-place call whether each was finite when it ran."""
+
+    op: str
+    frame: Frame | None
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    finite_now: list[bool] | None = None
+
+
+class ForwardWatch(TorchFunctionMode):
+    """Records the torch calls of a forward pass that make a tensor requiring grad, and per
+    autograd node the user's line that made it (for a call such as ``F.normalize``,
+    every node the call made)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[Call] = []
+        self.frames: dict[Any, Frame] = {}
+        #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
+        #: itself may run inside it) but records nothing more.
+        self.recording = True
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        if name in _NOT_OPS or not self.recording or not torch.is_grad_enabled():
+            return func(*args, **kwargs)
+        given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
+        in_place = name.endswith("_") and not name.endswith("__") or "out" in kwargs
+        if not any(a.requires_grad for a in given) or (in_place and any(a.is_leaf and a.requires_grad
+                                                                        for a in given)):
+            # Setup and data (initialising or loading parameters, batching) are no op of the
+            # differentiated step: what they make enters it from outside.
+            return func(*args, **kwargs)
+        inputs = floating(given)
+        before = finite_flags(inputs) if in_place else None
+        out = func(*args, **kwargs)
+        outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
+        if not any(o.requires_grad for o in outputs):  # a mask, a detached copy: data from here on
+            return out
+        frame = user_frame(2)
+        plain_outputs = floating(outputs)
+        finite_now = None if before is None else before + finite_flags(plain_outputs)
+        self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now))
+        if frame is not None and name not in _DIFFERENTIATING:
+            for o in outputs:
+                self._claim(o.grad_fn, frame)
+        return out
+
+    def reset(self) -> None:
+        """Forget what was recorded and record again (the next step starts)."""
+        self.calls.clear()
+        self.frames.clear()
+        self.recording = True
+
+    def _claim(self, root: Any, frame: Frame) -> None:
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if node is None or node in self.frames or isinstance(node, ACCUMULATE_GRAD) \
+                    or "parent_" in node.metadata:  # made by a backward: its parent's line is the one
+                continue
+            self.frames[node] = frame
+            stack.extend(c for c, _ in node.next_functions)
+
+
+@dataclass
+class Ran:
+    """One node's backward as it ran: the gradients it received (``grad_outputs``) and passed on
+    (``grad_inputs``), and the values it saved in the forward (read in the hook, before a backward
+    without ``retain_graph`` frees them)."""
+
+    node: Any
+    grad_inputs: tuple[torch.Tensor | None, ...]
+    grad_outputs: tuple[torch.Tensor | None, ...]
+    saved: dict[str, Any]
+
+
+class BackwardWatch:
+    """A post-hook on every node of a graph, recording what each node received and passed on, in
+    the order the engine ran them."""
+
+    def __init__(self, graph: Sequence[Any]) -> None:
+        self.ran: list[Ran] = []
+        self._handles = [n.register_hook(self._hook(n)) for n in graph
+                         if not isinstance(n, ACCUMULATE_GRAD)]
+
+    def _hook(self, node: Any) -> Any:
+        def record(grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
+            self.ran.append(Ran(node, _plain(grad_inputs), _plain(grad_outputs), saved_values(node)))
+        return record
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _plain(grads: tuple[Any, ...]) -> tuple[torch.Tensor | None, ...]:
+    return tuple(plain(g) if isinstance(g, torch.Tensor) else None for g in grads)
+
+
+def saved_values(node: Any) -> dict[str, Any]:
+    """The values a node saved in the forward, by their ``derivatives.yaml`` names, unwrapped
+    (those a backward freed left out)."""
+    found: dict[str, Any] = {}
+    for name in saved_names(node):
+        try:
+            value = getattr(node, "_saved_" + name)
+        except RuntimeError:
+            continue
+        found[name] = plain(value) if isinstance(value, torch.Tensor) else value
+    return found

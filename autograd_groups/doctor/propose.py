@@ -1,0 +1,280 @@
+"""Fixes for a finding, smallest first, each written as a change to the user's file and checked by
+replaying the bad step with it (:mod:`.check`):
+
+1. a native op with a hand-written backward, where the expression that made the born node is one
+   (a square root of a sum of squares: ``torch.linalg.vector_norm``; a log of a sum of exps:
+   ``torch.logsumexp``), kept only where the running release's backward is finite there;
+2. the matching ``ag.ops`` built-in;
+3. a group on the smallest enclosing function of the user's (a ``with`` block around a statement
+   at module level) with its rule: ``NanSafe()`` for class A, a ``Subgradient`` whose condition
+   holds exactly at the born elements for class B;
+4. for a forward birth (class C), the forward rewrite, as advice.
+
+A change is only proposed to a file of the user's own (in the script's folder), never to PyTorch's
+or a package's: a NaN born inside a library call is fixed by wrapping the call.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .check import Baseline, check
+from .classify import CLASSES
+from .edits import Edit, Source, indentation
+from .frames import is_users
+from .instruments import Ran
+from .locate import Born
+from .replay import RandomState
+from .report import Diagnosis, Proposal
+
+
+@dataclass
+class Candidate:
+    """A proposal before its check, with the changed file."""
+
+    kind: str
+    summary: str
+    edit: Edit
+    rule: bool = False
+
+
+#: Why the in-process form checks no proposal.
+NOT_REPLAYED = ("inside a running program the step cannot be replayed; run the script under "
+                "`autograd-groups doctor` to check it")
+
+
+def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | None, baseline: Baseline,
+            start: RandomState, check_them: bool = True, unchecked: str = "") -> list[Proposal]:
+    """The proposals for ``report``'s finding, each checked against ``baseline`` (the replayed
+    step's gradients) by running ``script`` changed, unless ``check_them`` is False (then its check
+    says ``unchecked``). ``script`` "" is a program that is no script: any file of the user's may be
+    changed."""
+    cls = report.cls or "G"
+    advice = Proposal("advice", CLASSES[cls][1], check="advice: nothing to apply")
+    born = report.born
+    if cls not in ("A", "B", "C") or born is None or born.file is None or born.line is None:
+        return [advice]
+    if not _owned(born.file, script):
+        return [advice]
+    source = Source.read(born.file)
+    if source is None:
+        return [advice]
+    candidates: list[Candidate] = []
+    if cls == "C":
+        rewrite = Proposal("rewrite", f"mask or clamp the argument of `{born.op}` before the op, at "
+                           f"{os.path.basename(born.file)}:{born.line} (e.g. torch.where(ok, x, 1) "
+                           "inside a log or a division), so that the forward makes no NaN or infinity",
+                           check="not applied: what the masked values should be is yours to say")
+        return [rewrite, advice]
+    candidates.extend(_natives(source, born))
+    rule = _rule(source, born, born_ran, cls)
+    if rule is not None:
+        candidates.append(rule)
+    proposals = []
+    for c in candidates:
+        proposal = Proposal(c.kind, c.summary, c.edit.diff())
+        if check_them and os.path.abspath(script) == os.path.abspath(born.file):
+            proposal.checked, proposal.check = check(script, args, c.edit.text, baseline, start, c.rule)
+        elif check_them:
+            proposal.check = "the change is to another file than the script, which a replay does not run"
+        else:
+            proposal.check = unchecked
+        proposals.append(proposal)
+    return [*proposals, advice]
+
+
+def _owned(path: str, script: str) -> bool:
+    if not script:
+        return is_users(path)
+    folder = os.path.dirname(os.path.abspath(script))
+    path = os.path.abspath(path)
+    return is_users(path) and os.path.commonpath([folder, path]) == folder
+
+
+def _natives(source: Source, born: Born) -> list[Candidate]:
+    """A native op and the built-in for the expression on the born line, where it is one they
+    replace: a square root of a sum of squares (the Euclidean norm) or a log of a sum of exps."""
+    if born.line is None:
+        return []
+    for call in source.calls_on(born.line):
+        for op, recognise, native, builtin, what in _REPLACEABLE:
+            found = recognise(call) if born.op == op else None
+            if found is None:
+                continue
+            x, options = found
+            candidates = []
+            for kind, fn in (("native", native), ("builtin", builtin)):
+                edit = Edit(source)
+                if kind == "builtin":
+                    fn = f"{edit.import_library()}.ops.{builtin}"
+                text = f"{fn}({source.segment(x)}{options})"
+                edit.replace(call, text)
+                candidates.append(Candidate(kind, f"{text}: {what[kind]}", edit))
+            return candidates
+    return []
+
+
+def _norm_of(call: ast.Call) -> tuple[ast.expr, str] | None:
+    """``(x, ", dim=..., keepdim=...")`` where ``call`` is the square root of a sum of squares of x."""
+    inner = _unary(call, "sqrt")
+    if not isinstance(inner, ast.Call):
+        return None
+    summed = _unary(inner, "sum", extra=True)
+    if summed is None:
+        return None
+    x = _square_of(summed)
+    if x is None:
+        return None
+    return x, _reduction(inner, keyword="dim")
+
+
+def _log_sum_exp_of(call: ast.Call) -> tuple[ast.expr, str] | None:
+    """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x."""
+    inner = _unary(call, "log")
+    if not isinstance(inner, ast.Call):
+        return None
+    summed = _unary(inner, "sum", extra=True)
+    if not isinstance(summed, ast.Call):
+        return None
+    x = _unary(summed, "exp")
+    if x is None:
+        return None
+    options = _reduction(inner, keyword=None)
+    return (x, options) if options else None
+
+
+def _reduction(call: ast.Call, keyword: str | None) -> str:
+    """A sum's dimension and keepdim, as arguments to pass on (``dim=`` named by ``keyword``)."""
+    args = call.args if isinstance(call.func, ast.Attribute) and not _is_torch(call.func.value) \
+        else call.args[1:]
+    options = ""
+    if args:
+        options += f", {keyword}={ast.unparse(args[0])}" if keyword else f", {ast.unparse(args[0])}"
+    for k in call.keywords:
+        if k.arg in ("dim", "keepdim"):
+            options += f", {k.arg}={ast.unparse(k.value)}"
+    return options
+
+
+#: Per born op, the expressions a native op replaces: the op, the recogniser, the native op, the
+#: built-in, and what each one's backward does there.
+_REPLACEABLE = (
+    ("sqrt", _norm_of, "torch.linalg.vector_norm", "vector_norm",
+     {"native": "a native op with a hand-written backward (0 where the norm is 0)",
+      "builtin": "the built-in group, whose rule gives 0 where the norm is 0"}),
+    ("log", _log_sum_exp_of, "torch.logsumexp", "logsumexp",
+     {"native": "a native op with a hand-written backward",
+      "builtin": "the built-in group, whose gradient is 0 for a slice that is all -inf"}),
+)
+
+
+def _is_torch(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "torch"
+
+
+def _unary(call: ast.Call, name: str, extra: bool = False) -> ast.expr | None:
+    """The operand of ``x.name(...)`` or ``torch.name(x, ...)`` (``extra``: other arguments allowed)."""
+    f = call.func
+    if not isinstance(f, ast.Attribute) or f.attr != name:
+        return None
+    if _is_torch(f.value):
+        return call.args[0] if call.args and (extra or len(call.args) == 1) else None
+    return f.value if extra or not call.args else None
+
+
+def _square_of(node: ast.expr) -> ast.expr | None:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _is_two(node.right):
+        return node.left
+    if isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "pow":
+            if _is_torch(f.value) and len(node.args) == 2 and _is_two(node.args[1]):
+                return node.args[0]
+            if not _is_torch(f.value) and len(node.args) == 1 and _is_two(node.args[0]):
+                return f.value
+        if isinstance(f, ast.Attribute) and f.attr == "square":
+            return node.args[0] if _is_torch(f.value) and node.args else (None if node.args else f.value)
+    return None
+
+
+def _is_two(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value in (2, 2.0)
+
+
+def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | None:
+    """A group around the born line's smallest enclosing function (or its statement), with the rule
+    for the class."""
+    if born.line is None:
+        return None
+    edit = Edit(source)
+    ag = edit.import_library()
+    if cls == "A":
+        rule = f"{ag}.NanSafe()"
+        what = "NaN-safe: where the gradient arriving is 0, the gradient passed on is 0"
+    else:
+        when = _condition(ran)
+        if when is None:
+            return None
+        rule = f'{ag}.Subgradient(op="{born.op}", when="{when}", grad=0)'
+        what = f"at {born.op}, where {when}, the gradient is 0"
+    function = source.innermost_function(born.line)
+    if function is not None:
+        name = _qualified(source, function)
+        first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+        edit.insert(function.lineno, [f'{indentation(source, first)}@{ag}.autograd_group("{name}")'])
+        where = source.top_statement(function.lineno)
+        last = where if where is not None else function
+        after = last.end_lineno or last.lineno
+        edit.insert(after + 1, [f'{ag}.register_rule("{name}", {rule})'])
+        summary = f"group {name!r} on {function.name}() with {rule}: {what}"
+    else:
+        statement, top = source.simple_statement(born.line), source.top_statement(born.line)
+        if statement is None or top is None:
+            return None
+        name = _statement_name(statement, born.line)
+        edit.insert(top.lineno, [f'{ag}.register_rule("{name}", {rule})'])
+        opening = f'{indentation(source, statement.lineno)}with {ag}.autograd_group("{name}"):'
+        edit.insert(statement.lineno, [opening])
+        edit.indent(statement.lineno, statement.end_lineno or statement.lineno)
+        summary = f"group {name!r} around line {statement.lineno} with {rule}: {what}"
+    return Candidate("rule", summary, edit, rule=True)
+
+
+def _qualified(source: Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.ClassDef) and function in node.body:
+            return f"{node.name}.{function.name}"
+    return function.name
+
+
+def _statement_name(statement: ast.stmt, line: int) -> str:
+    if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], ast.Name):
+        return statement.targets[0].id
+    return f"line{line}"
+
+
+def _condition(ran: Ran | None) -> str | None:
+    """A condition over the born node's saved values that holds exactly where the gradient was
+    born: ``result == 0``, ``self == 0``, ``abs(self) == 1``; None where none does."""
+    if ran is None:
+        return None
+    grad = next((g for g in ran.grad_inputs if g is not None and not bool(torch.isfinite(g).all())), None)
+    if grad is None:
+        return None
+    bad = ~torch.isfinite(grad)
+    for name in sorted(ran.saved, key=lambda n: (n != "result", n != "self", n)):
+        value = ran.saved[name]
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            continue
+        try:
+            value = torch.broadcast_to(value, bad.shape)
+        except RuntimeError:
+            continue
+        for when, holds in ((f"{name} == 0", value == 0), (f"abs({name}) == 1", value.abs() == 1)):
+            if bool((holds == bad).all()):
+                return when
+    return None

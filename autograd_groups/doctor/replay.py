@@ -1,0 +1,147 @@
+"""Running the user's script under the doctor: once to watch, again to replay the bad step with the
+instruments on, and once per proposed fix to check it.
+
+Each run starts from the same random state (torch's, Python's and NumPy's), so that a seeded or
+unseeded script makes the same steps again; a compiled function runs eagerly in a replay
+(``torch.compiler.set_stance("force_eager")``), where autograd nodes can be hooked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import random
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import handle_torch_function
+
+from ..levels import passes_through
+from ..script import Exit, run_script
+from .instruments import BackwardWatch, ForwardWatch, Ran
+from .session import Backward, Grads, Session, Stop
+from .tensors import nodes_of
+
+
+@dataclass
+class RandomState:
+    """The random state a run starts from."""
+
+    torch_state: torch.Tensor
+    python_state: Any
+    numpy_state: Any = None
+
+    @classmethod
+    def now(cls) -> RandomState:
+        numpy = sys.modules.get("numpy")
+        return cls(torch.random.get_rng_state(), random.getstate(),
+                   None if numpy is None else numpy.random.get_state())
+
+    def restore(self) -> None:
+        torch.random.set_rng_state(self.torch_state)
+        random.setstate(self.python_state)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and self.numpy_state is not None:
+            numpy.random.set_state(self.numpy_state)
+
+
+@dataclass
+class Run:
+    """One run of the script: how it ended, what its session saw, and for a script that started a
+    process group, its rank and world size."""
+
+    exit: Exit | None
+    session: Session
+    stopped: bool
+    process: tuple[int, int] | None = None
+
+
+def run(path: str, args: list[str], session: Session, start: RandomState, source: str | None = None,
+        eager: bool = False) -> Run:
+    """Run the script under ``session`` from the random state ``start``; stop at the session's
+    backward."""
+    start.restore()
+    distributed = torch.distributed.is_available()
+    before = distributed and torch.distributed.is_initialized()
+    code: Exit | None = None
+    try:
+        with session.installed(), _stance("force_eager" if eager else None):
+            code = run_script(path, args, source, passes=(Stop,))
+    except Stop:
+        pass
+    done = Run(code, session, code is None)
+    if distributed and not before and torch.distributed.is_initialized():
+        # The script's process group: ended, so that the next run can start it again.
+        done.process = (torch.distributed.get_rank(), torch.distributed.get_world_size())
+        torch.distributed.destroy_process_group()
+    return done
+
+
+@contextlib.contextmanager
+def _stance(stance: str | None) -> Iterator[None]:
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if stance is None or set_stance is None:
+        yield
+        return
+    with set_stance(stance):
+        yield
+
+
+@dataclass
+class Instrumented:
+    """What the replay's instruments saw of the bad step."""
+
+    forward: ForwardWatch = field(default_factory=ForwardWatch)
+    ran: list[Ran] = field(default_factory=list)
+    roots: list[torch.Tensor] = field(default_factory=list)
+    grads: Grads = field(default_factory=list)
+    backward: Backward | None = None
+    _on: bool = False
+
+    def open(self) -> None:
+        self.forward.__enter__()
+        self._on = True
+
+    def close(self) -> None:
+        if self._on:
+            self._on = False
+            self.forward.__exit__(None, None, None)
+
+    def watch(self, backward: Backward, roots: list[torch.Tensor], graph_roots: list[Any],
+              go: Callable[[], Grads]) -> Grads:
+        """The bad backward: stop recording the forward, hook every node, run it."""
+        self.forward.recording = False
+        self.backward, self.roots = backward, roots
+        watcher = BackwardWatch(nodes_of(graph_roots))
+        try:
+            self.grads = go()
+        finally:
+            watcher.remove()
+            self.ran = watcher.ran
+        return self.grads
+
+
+# A replayed torch.func.grad calls autograd through these too (see Session): its backward stays its own.
+passes_through(Instrumented.watch.__code__, ForwardWatch.__torch_function__.__code__,
+               handle_torch_function.__code__, *(inspect.unwrap(f).__code__
+                                                 for f in (torch.autograd.grad, torch.autograd.backward)))
+
+
+def replay(path: str, args: list[str], bad: Backward, start: RandomState, source: str | None = None,
+           eager: bool = False) -> tuple[Run, Instrumented]:
+    """Run the script again up to its bad backward, with the instruments on from the start of that
+    step: the forward watched, every node of that backward hooked, and any backward of the step
+    that builds a graph run under anomaly mode without its NaN check (so that the nodes it makes
+    know the node that made them)."""
+    seen = Instrumented()
+    session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.watch,
+                      higher_order=lambda: torch.autograd.set_detect_anomaly(True, check_nan=False),
+                      check_values=True)
+    try:
+        done = run(path, args, session, start, source, eager)
+    finally:
+        seen.close()
+    return done, seen

@@ -1,0 +1,248 @@
+"""Watching a script's backward passes: the trigger after each one, and the step to instrument.
+
+While a :class:`Session` is open, ``torch.autograd.backward`` (so ``Tensor.backward``) and
+``torch.autograd.grad`` (so ``torch.func.grad``) are wrapped, and every optimizer step is seen
+through PyTorch's global optimizer hooks. After each backward the session reads once whether the
+loss and the leaf gradients are finite. A *step* ends at an optimizer step or at a backward that
+builds no graph of its own (``create_graph=False``); the session counts these ends, so that a second
+run of the same script can switch its instruments on at the start of the step that went bad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from .. import compat
+from ..levels import graph_roots, passes_through
+from ..nodes import ACCUMULATE_GRAD
+from .tensors import finite_groups, floating, nodes_of, plain
+
+
+class Stop(BaseException):
+    """Ends the user's script at the backward the doctor has seen enough of (not an ``Exception``:
+    the script's own ``except Exception`` must not swallow it)."""
+
+
+@dataclass
+class Backward:
+    """One watched backward pass: its number (from 1), whether it built a graph for a higher order,
+    how many step ends came before it, whether its loss and leaf gradients were finite, and whether
+    a compiled graph took part."""
+
+    index: int
+    create_graph: bool
+    ends_before: int
+    loss_finite: bool = True
+    grads_finite: bool = True
+    compiled: bool = False
+    values_finite: bool = True
+    #: A loss scaler's deliberate overflow: its step is skipped and its scale lowered, no finding.
+    scaled_overflow: bool = False
+
+    @property
+    def finite(self) -> bool:
+        return self.loss_finite and self.grads_finite
+
+    @property
+    def bad(self) -> bool:
+        return not self.finite and not self.scaled_overflow
+
+
+#: ``(backward, loss, graph roots, run)``: called around the bad backward of a replay; ``run()``
+#: runs it and returns the gradients it computed.
+Grads = list[torch.Tensor | None]
+Around = Callable[[Backward, list[torch.Tensor], list[Any], Callable[[], Grads]], Grads]
+
+
+@dataclass
+class Session:
+    """One run of the user's script under watch.
+
+    ``stop_at``: the number of the backward to stop after (None: the first bad one); ``limit``: stop
+    after this many backward passes in any case.
+    ``window``: how many step ends to let pass before ``on_window`` is called (the start of the
+    step to instrument); ``around`` wraps that backward; ``higher_order`` wraps every backward of
+    the window that builds a graph (``create_graph=True``); ``check_values``: read after each
+    backward whether the leaves' own values are finite too. ``around`` wraps every backward where
+    ``stop_at`` is None; ``after`` is told of each backward once it is checked; ``stops``: end the
+    script (with :class:`Stop`) at ``stop_at``, ``limit`` or the first bad backward.
+    """
+
+    stop_at: int | None = None
+    limit: int | None = None
+    window: int | None = None
+    on_window: Callable[[], None] | None = None
+    around: Around | None = None
+    higher_order: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
+    check_values: bool = False
+    stops: bool = True
+    after: Callable[[Backward], None] | None = None
+    backwards: list[Backward] = field(default_factory=list)
+    ends: int = 0
+    optimizer_steps: int = 0
+    #: The tensors the last backward differentiated, and their gradients (None where it gave none).
+    last_leaves: list[torch.Tensor] = field(default_factory=list)
+    last_grads: Grads = field(default_factory=list)
+    _opened: bool = False
+    _inside: bool = False
+    #: Consecutive loss-scaler overflows.
+    overflows: int = 0
+
+    @property
+    def bad(self) -> Backward | None:
+        """The first watched backward whose loss or leaf gradients were not finite (a loss scaler's
+        overflow steps aside, unless they keep coming)."""
+        return next((b for b in self.backwards if b.bad), None)
+
+    def _maybe_open_window(self) -> None:
+        if not self._opened and self.window is not None and self.ends >= self.window:
+            self._opened = True
+            if self.on_window is not None:
+                self.on_window()
+
+    def _end_step(self) -> None:
+        self.ends += 1
+        self._maybe_open_window()
+
+    def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
+                 call: Callable[[], Any]) -> Any:
+        """Run the backward ``call`` (a partial of autograd's own entry point) and watch it."""
+        # A compiler differentiating its graph while it traces is no step; a backward inside a watched
+        # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
+        # is part of it.
+        if self._inside or compat.is_compiling():
+            return call()
+        self._inside = True
+        try:
+            return self._watch(roots, create_graph, inputs, call)
+        finally:
+            self._inside = False
+
+    def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
+               call: Callable[[], Any]) -> Any:
+        self._maybe_open_window()
+        tensors = [r for r in roots if isinstance(r, torch.Tensor)]
+        # torch.func.grad builds a graph for its own transforms, not for a higher order of the step.
+        functorch = any(compat.is_functorch_wrapped_tensor(r) for r in tensors)
+        backward = Backward(len(self.backwards) + 1, bool(create_graph) and not functorch, self.ends)
+        self.backwards.append(backward)
+        nodes = graph_roots(tensors)
+        graph = nodes_of(nodes)
+        backward.compiled = any("CompiledFunction" in type(n).__name__ for n in graph)
+        targets = _targets(graph, inputs)
+        returned: list[Any] = []
+        go = functools.partial(self._run, call, targets, create_graph, returned)
+        if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
+            grads = self.around(backward, tensors, nodes, go)
+        else:
+            grads = go()
+        groups = [floating(roots), floating(g for g in grads if g is not None)]
+        if self.check_values:
+            groups.append(floating(targets))
+        backward.loss_finite, backward.grads_finite, *values = finite_groups(groups)
+        backward.values_finite = all(values)
+        if not backward.finite and any(getattr(r, _SCALED, False) for r in tensors):
+            self.overflows += 1
+            backward.scaled_overflow = self.overflows < SCALER_SKIPS
+        elif backward.finite:
+            self.overflows = 0
+        self.last_leaves = [plain(t) for t in targets]
+        self.last_grads = [None if g is None else plain(g) for g in grads]
+        if self.after is not None:
+            self.after(backward)
+        if not backward.create_graph:
+            self._end_step()
+        if self.stops and (backward.index == self.stop_at or backward.index == self.limit
+                           or (self.stop_at is None and backward.bad)):
+            raise Stop
+        return returned[0] if returned else None
+
+    def _run(self, call: Callable[[], Any], targets: list[torch.Tensor], create_graph: bool,
+             returned: list[Any]) -> Grads:
+        with self._order(create_graph):
+            result = call()
+        returned.append(result)
+        if result is None:  # backward: the gradients are in the leaves
+            return [None if t.grad is None else plain(t.grad) for t in targets]
+        return list(result)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Session]:
+        """Wrap autograd's entry points and hook optimizer steps while the block runs."""
+        _sessions.append(self)
+        step_hook = register_optimizer_step_post_hook(self._stepped)
+        if len(_sessions) == 1:
+            _REAL[:] = [torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale]
+            torch.autograd.backward, torch.autograd.grad = _backward, _grad
+            torch.amp.GradScaler.scale = _scale  # type: ignore[method-assign,assignment]
+        try:
+            self._maybe_open_window()
+            yield self
+        finally:
+            step_hook.remove()
+            _sessions.remove(self)
+            if not _sessions:
+                torch.autograd.backward, torch.autograd.grad = _REAL[:2]
+                torch.amp.GradScaler.scale = _REAL[2]  # type: ignore[method-assign]
+
+    def _stepped(self, *_: Any) -> None:
+        self.optimizer_steps += 1
+        self._end_step()
+
+    def _order(self, create_graph: bool) -> contextlib.AbstractContextManager[Any]:
+        if create_graph and self._opened and self.higher_order is not None:
+            return self.higher_order()
+        return contextlib.nullcontext()
+
+
+def _targets(graph: list[Any], inputs: Any) -> list[torch.Tensor]:
+    """The tensors a backward accumulates into: ``inputs`` if given, else the graph's leaves."""
+    if inputs is None:
+        return [n.variable for n in graph if isinstance(n, ACCUMULATE_GRAD)]  # type: ignore[attr-defined]
+    return [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
+
+
+#: How many loss-scaler overflow steps in a row the watch lets pass: a scaler lowers its scale and
+#: skips the step at an overflow, on purpose; one that keeps overflowing has a real NaN.
+SCALER_SKIPS = 5
+#: The mark ``GradScaler.scale`` leaves on the losses it scales, while a session watches.
+_SCALED = "_autograd_groups_scaled"
+
+#: The sessions open now (the innermost watches), and autograd's own entry points while they are.
+_sessions: list[Session] = []
+_REAL: list[Any] = []
+
+
+def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, create_graph: bool = False,
+              grad_variables: Any = None, inputs: Any = None) -> None:
+    roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    call = functools.partial(_REAL[0], tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                             inputs=inputs)
+    _sessions[-1]._watched(roots, create_graph, inputs, call)
+
+
+def _scale(scaler: Any, outputs: Any) -> Any:
+    scaled = _REAL[2](scaler, outputs)
+    for t in [scaled] if isinstance(scaled, torch.Tensor) else scaled:
+        setattr(t, _SCALED, True)
+    return scaled
+
+
+def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+    create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+    roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    call = functools.partial(_REAL[1], outputs, inputs, *args, **kwargs)
+    return _sessions[-1]._watched(roots, create_graph, None, call)
+
+
+# torch.func.grad tells its own backward from one its function starts by who calls autograd: these
+# frames stand between them and change nothing of that.
+passes_through(_backward.__code__, _grad.__code__, Session._watched.__code__, Session._watch.__code__,
+               Session._run.__code__)

@@ -1,0 +1,99 @@
+"""Run a user's script as ``python SCRIPT.py ARGS`` would, reporting failure as an exit code and
+how it ended."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import os
+import runpy
+import sys
+import traceback
+
+
+class Exit(int):
+    """A script's exit code, with ``how`` it ended when it failed (for the command's message)."""
+
+    how: str
+
+    def __new__(cls, code: int, how: str = "") -> Exit:
+        made = super().__new__(cls, code)
+        made.how = how
+        return made
+
+
+def run_script(path: str, args: list[str], source: str | None = None,
+               passes: tuple[type[BaseException], ...] = ()) -> Exit:
+    """Run ``path`` as ``__main__`` with ``sys.argv == [path, *args]`` and its folder first on
+    ``sys.path``; return 0 when it finishes, else its exit code (1 for an exception, whose
+    traceback, from the script's own frames on, goes to stderr) and how it ended. ``source``, when
+    given, runs in place of the file's text (a changed copy, with the file's name in tracebacks);
+    exceptions of the types ``passes`` are raised on to the caller.
+
+    >>> import os, tempfile
+    >>> script = os.path.join(tempfile.mkdtemp(), "hello.py")
+    >>> with open(script, "w") as f:
+    ...     _ = f.write("import sys\\nprint(__name__, sys.argv[1:])\\n")
+    >>> run_script(script, ["--n", "3"])
+    __main__ ['--n', '3']
+    0
+    """
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        if source is None:
+            runpy.run_path(path, run_name="__main__")
+        else:
+            code = compile(source, path, "exec")
+            exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+    except passes:
+        raise
+    except SystemExit as e:
+        if e.code is None or e.code == 0:
+            return Exit(0)
+        if isinstance(e.code, int):
+            return Exit(e.code, f"called sys.exit({e.code})")
+        print(e.code, file=sys.stderr)
+        return Exit(1, f"called sys.exit({e.code!r})")
+    except BaseException as e:  # the script's own errors, KeyboardInterrupt included, end it
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        if tb is None and not isinstance(e, SyntaxError):
+            tb = e.__traceback__
+        traceback.print_exception(type(e), e, tb)
+        return Exit(130 if isinstance(e, KeyboardInterrupt) else 1,
+                    f"raised {type(e).__name__} (traceback above)")
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+    return Exit(0)
+
+
+def script_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``SCRIPT.py`` and the script's own arguments (after ``--``) to a command's parser."""
+    parser.add_argument("script", metavar="SCRIPT.py")
+    # nargs="+" made optional, not "*": argparse would match an empty "*" right after SCRIPT.py and
+    # then reject what follows "--"; "+" waits for the arguments after "--" (or none at all).
+    rest = parser.add_argument("args", nargs="+", default=[], metavar="ARGS",
+                               help="arguments for the script, after --")
+    rest.required = False
+
+
+def check_script(command: str, path: str) -> bool:
+    """Whether ``path`` is a script ``command`` can run; where not, say why on stderr."""
+    if not os.path.isfile(path):
+        say(f"autograd-groups {command}: error: no such script: {path}")
+        return False
+    if path.endswith((".yaml", ".yml")):
+        say(f"autograd-groups {command}: error: {path} is a spec file; `{command}` runs a Python "
+            f"script (the one that trains or evaluates your model, which loads the spec). To "
+            f"validate the spec itself, run `autograd-groups check {path}`")
+        return False
+    return True
+
+
+def say(message: str) -> None:
+    """Tell the user ``message`` on stderr (stdout is the script's, or a report's)."""
+    print(message, file=sys.stderr)

@@ -1,0 +1,85 @@
+"""What ``autograd-groups doctor`` costs a training step of a small MLP (CPU, 1 thread, float32):
+the trigger it runs after every backward (one read of whether the loss and the leaf gradients are
+finite), and the step it instruments (every torch call of the forward recorded, every node of the
+backward hooked). Medians of interleaved runs of a block of steps; the watch is entered once a
+block, the instrumented watch once a step (``ag.doctor()`` around it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import TARGET_HEADER, interleaved_medians, markdown_table, target_row  # noqa: E402
+
+import autograd_groups as ag  # noqa: E402
+from autograd_groups.doctor.session import Session  # noqa: E402
+
+#: The issue's bounds: the trigger per backward, the instrumented step, over a plain step.
+TRIGGER_BOUND, INSTRUMENTED_BOUND = 1.05, 4.0
+
+
+def mlp_step(batch: int = 64, width: int = 256) -> Callable[[], None]:
+    """One SGD step of a 4-layer MLP with a cross-entropy loss."""
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for i in range(3):
+        layers += [torch.nn.Linear(32 if i == 0 else width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
+def variants(step: Callable[[], None], block: int) -> dict[str, Callable[[], None]]:
+    """Each variant runs ``block`` steps: the watch is entered once per block, as the command
+    enters it once per script."""
+    def plain() -> None:
+        for _ in range(block):
+            step()
+
+    def triggered() -> None:
+        with Session(stops=False).installed():
+            for _ in range(block):
+                step()
+
+    def instrumented() -> None:
+        for _ in range(block):
+            with ag.doctor() as report:
+                step()
+            if report.status != "clean":
+                raise SystemExit("bench_doctor: the instrumented step was not clean")
+
+    return {"plain": plain, "trigger": triggered, "instrumented": instrumented}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--block", type=int, default=10, help="steps per timed run")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    times = interleaved_medians(variants(mlp_step(), args.block), args.repeats)
+    plain = times["plain"]
+    print(f"torch {torch.__version__}, 1 thread, float32, SGD step of a 4-layer MLP (batch 64, width "
+          f"256): plain {plain / args.block * 1e3:.2f} ms a step, medians of {args.repeats} interleaved "
+          f"runs of {args.block} steps")
+    print(markdown_table(TARGET_HEADER, [
+        target_row("doctor's trigger per backward / plain step", [times["trigger"] / plain], TRIGGER_BOUND),
+        target_row("doctor's instrumented step / plain step", [times["instrumented"] / plain],
+                   INSTRUMENTED_BOUND)]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""``autograd-groups doctor`` on a corpus of small training scripts whose NaN has a known cause (each
+script's docstring cites the public report it is built from): the class, where the value is born,
+and for classes A and B a checked fix that, applied, gives finite gradients equal to the original's
+wherever those were finite."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import autograd_groups as ag
+from autograd_groups.cli import main
+from autograd_groups.doctor.diagnose import diagnose
+from autograd_groups.script import run_script
+from tests.conftest import line_of
+
+CORPUS = Path(__file__).resolve().parent / "doctor_corpus"
+
+#: script -> (class, phase, node, op, function); the line is the one marked "# born".
+FOUND = {
+    "a_softplus_where.py": ("A", "backward", "ExpBackward0", "exp", "softplus"),
+    "a_masked_distance.py": ("A", "backward", "SqrtBackward0", "sqrt", "pairwise"),
+    "a_masked_division.py": ("A", "backward", "DivBackward0", "div", "mean_per_bin"),
+    "a_gradient_penalty.py": ("A", "backward", "PowBackward0", "pow", "energy"),
+    "a_masked_logsumexp.py": ("A", "backward", "LogBackward0", "log", "log_partition"),
+    "b_gradient_penalty_norm.py": ("B", "backward", "SqrtBackward0", "sqrt", "gradient_norm"),
+    "b_rmse_perfect_fit.py": ("B", "backward", "SqrtBackward0", "sqrt", "rmse"),
+    "b_pairwise_distance.py": ("B", "backward", "SqrtBackward0", "sqrt", "spread"),
+    "b_per_sample_vmap.py": ("B", "backward", "SqrtBackward0", "sqrt", "distance"),
+    "b_compiled_distance.py": ("B", "backward", "SqrtBackward0", "sqrt", "spread"),
+    "c_normalize_zero.py": ("C", "forward", "DivBackward0", "div", "unit"),
+    "c_log_of_softmax.py": ("C", "forward", "LogBackward0", "log", "cross_entropy"),
+    "d_softmax_overflow.py": ("D", "forward", "ExpBackward0", "exp", "softmax"),
+    "d_poisson_rate.py": ("D", "forward", "ExpBackward0", "exp", "<module>"),
+    "e_nan_in_batch.py": ("E", "forward", None, "linear", "<module>"),
+    "e_bad_checkpoint.py": ("E", "forward", None, "linear", "<module>"),
+}
+CLEAN = ["clean_mlp.py", "clean_erased_nan.py"]
+#: The backward passes of one training step (a gradient penalty takes two), to find the step the
+#: doctor's backward pass falls in.
+BACKWARDS_PER_STEP = {"a_gradient_penalty.py": 2, "b_gradient_penalty_norm.py": 2}
+#: A and B findings whose only fix is a rule that ag.verify cannot confirm, with why: their rule is
+#: proposed, and not called checked.
+UNCONFIRMED = {
+    # exp(100) overflows float32 only: verify, which works in float64, finds no special point there.
+    "a_softplus_where.py": "ag.verify did not check the rule",
+    # NaN-safe at second order, through a mask applied to the forward's pow.
+    "a_gradient_penalty.py": "ag.verify did not check the rule",
+}
+
+_reports: dict[str, dict] = {}
+
+
+def report_of(name: str) -> dict:
+    """The doctor's JSON report on a corpus script (each script diagnosed once per session)."""
+    if name not in _reports:
+        report, code = diagnose(str(CORPUS / name))
+        assert code == 0
+        _reports[name] = json.loads(json.dumps(report.to_json()))
+    return _reports[name]
+
+
+@pytest.mark.parametrize("name", sorted(FOUND))
+def test_the_doctor_finds_the_birth_and_its_class(name: str) -> None:
+    cls, phase, node, op, function = FOUND[name]
+    report = report_of(name)
+    assert report["status"] == "found"
+    assert report["class"] == cls
+    born = report["born"]
+    assert (born["phase"], born["node"], born["op"], born["function"]) == (phase, node, op, function)
+    assert born["file"] == str(CORPUS / name)
+    assert born["line"] == line_of(str(CORPUS / name), "# born")
+    assert born["elements"] >= 1 and born["indices"]
+    assert report["backward_calls"] >= 1
+    if phase == "backward":
+        assert born["incoming"] == ("zero" if cls == "A" else "nonzero")
+    proposals = report["proposals"]
+    assert proposals[-1]["kind"] == "advice"
+    if cls in ("C", "D", "E"):
+        assert not any(p["checked"] for p in proposals), "no gradient rule fixes a forward value"
+
+
+def test_a_born_in_the_double_backward_is_reported_at_the_first_order_op() -> None:
+    born = report_of("a_gradient_penalty.py")["born"]
+    assert born["order"] == 2 and born["op"] == "pow"
+
+
+@pytest.mark.parametrize("name", CLEAN)
+def test_a_run_with_finite_parameter_gradients_is_clean(name: str) -> None:
+    report = report_of(name)
+    assert report["status"] == "clean" and report["class"] is None and report["born"] is None
+    assert report["proposals"] == [] and report["backward_calls"] >= 2
+
+
+def _apply(text: str, diff: str) -> str:
+    """``text`` with the unified ``diff`` applied."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    position = 0
+    for hunk in re.split(r"^@@ ", diff, flags=re.M)[1:]:
+        start = int(re.match(r"-(\d+)", hunk).group(1))  # type: ignore[union-attr]
+        body = hunk.splitlines(keepends=True)[1:]
+        out.extend(lines[position:start - 1])
+        position = start - 1
+        for line in body:
+            if line.startswith((" ", "-")):
+                assert lines[position] == line[1:], "the diff does not apply"
+                position += 1
+            if line.startswith((" ", "+")):
+                out.append(line[1:])
+    return "".join(out + lines[position:])
+
+
+def _gradients(script: Path, step: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict:
+    dumped = tmp_path / f"{script.stem}.pt"
+    monkeypatch.setenv("DOCTOR_CORPUS_DUMP", str(dumped))
+    monkeypatch.setenv("DOCTOR_CORPUS_STEP", str(step))
+    with ag.registry_scope():
+        assert run_script(str(script), []) == 0
+    return torch.load(dumped)
+
+
+def test_a_nan_born_inside_a_library_call_is_reported_at_the_users_call() -> None:
+    """nn.MultiheadAttention with a fully padded sequence: the NaN is born inside PyTorch's code, the
+    line reported is the one that calls it, and a fix that does not make the gradients finite is not
+    called checked."""
+    name = "a_padded_attention.py"
+    report = report_of(name)
+    born = report["born"]
+    assert (report["class"], born["phase"], born["op"], born["function"], born["incoming"]) == (
+        "A", "forward", "multi_head_attention_forward", "encode", "zero")
+    assert born["line"] == line_of(str(CORPUS / name), "# born")
+    rule = next(p for p in report["proposals"] if p["kind"] == "rule")
+    assert not rule["checked"] and rule["check"].startswith("gradients still not finite")
+
+
+@pytest.mark.parametrize("name", sorted(UNCONFIRMED))
+def test_a_rule_that_verify_cannot_confirm_is_not_called_checked(name: str) -> None:
+    proposals = report_of(name)["proposals"]
+    assert [p["kind"] for p in proposals] == ["rule", "advice"]
+    assert not proposals[0]["checked"] and UNCONFIRMED[name] in proposals[0]["check"]
+    assert "gradients finite, equal to the original's" in proposals[0]["check"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FOUND.items() if f[0] in "AB" and n not in UNCONFIRMED))
+def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_finite(
+        name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = report_of(name)
+    checked = [p for p in report["proposals"] if p["checked"]]
+    assert checked, [p["check"] for p in report["proposals"]]
+    assert all(p["diff"] for p in checked)
+    step = report["step"] // BACKWARDS_PER_STEP.get(name, 1)
+    original = _gradients(CORPUS / name, step, monkeypatch, tmp_path)
+    assert not all(bool(torch.isfinite(g).all()) for g in original.values())
+    for i, proposal in enumerate(checked):
+        fixed = tmp_path / f"fix{i}" / name
+        fixed.parent.mkdir()
+        shutil.copy(CORPUS / "dump.py", fixed.parent)
+        fixed.write_text(_apply((CORPUS / name).read_text(), proposal["diff"]))
+        new = _gradients(fixed, step, monkeypatch, tmp_path)
+        for key, old in original.items():
+            assert bool(torch.isfinite(new[key]).all()), (proposal["summary"], key)
+            kept = torch.isfinite(old)
+            torch.testing.assert_close(new[key][kept], old[kept], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_anomaly_mode_names_the_node_after_the_birth_where_the_doctor_names_the_birth() -> None:
+    """The advantage over anomaly mode, asked of the running release: a sqrt at 0 makes inf, the
+    next node turns it into NaN, and anomaly mode (which looks for NaN) names that next node."""
+    script = CORPUS / "b_rmse_perfect_fit.py"
+    with pytest.raises(RuntimeError, match=r"Function '(\w+)' returned nan") as raised, \
+            torch.autograd.detect_anomaly():
+        run_script_raising(script)
+    named = re.search(r"Function '(\w+)'", str(raised.value)).group(1)  # type: ignore[union-attr]
+    report = report_of(script.name)
+    if named == report["born"]["node"]:
+        pytest.skip(f"anomaly mode names the birth ({named}) on this release")
+    assert report["born"]["node"] == "SqrtBackward0"
+    assert report["appears"]["node"] == named
+
+
+def run_script_raising(script: Path) -> None:
+    code = compile(script.read_text(), str(script), "exec")
+    import sys
+
+    sys.path.insert(0, str(script.parent))
+    try:
+        exec(code, {"__name__": "__main__", "__file__": str(script)})
+    finally:
+        sys.path.remove(str(script.parent))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_anomaly_mode_raises_where_the_run_is_clean() -> None:
+    script = CORPUS / "clean_erased_nan.py"
+    try:
+        with torch.autograd.detect_anomaly():
+            run_script_raising(script)
+    except RuntimeError as e:
+        assert "returned nan" in str(e)
+    else:
+        pytest.skip("anomaly mode does not raise on the erased NaN on this release")
+    assert report_of(script.name)["status"] == "clean"
+
+
+def test_the_command_writes_the_json_and_exits_1_on_a_finding(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report.json"
+    assert main(["doctor", str(CORPUS / "b_rmse_perfect_fit.py"), "--json", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "class B" in printed and "SqrtBackward0" in printed and "MseLossBackward0" in printed
+    written = json.loads(out.read_text())
+    assert set(written) >= {"status", "backward_calls", "class", "born", "appears", "proposals"}
+    assert written["class"] == "B"
+    assert set(written["born"]) >= {"phase", "node", "op", "file", "line", "function", "elements",
+                                    "indices", "values", "incoming"}
+    assert written["born"]["values"] == {"result": [0.0]}
+    assert {"kind", "summary", "diff", "checked", "check"} <= set(written["proposals"][0])
+
+
+def test_the_command_exits_0_on_a_clean_run(capsys) -> None:
+    assert main(["doctor", str(CORPUS / "clean_mlp.py")]) == 0
+    assert "final loss" in capsys.readouterr().out
+
+
+def test_the_command_exits_2_on_usage_errors(tmp_path: Path, capsys) -> None:
+    assert main(["doctor", str(tmp_path / "missing.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
+    assert main(["doctor", str(CORPUS / "clean_mlp.py"), "--steps", "0"]) == 2
+
+
+def test_the_command_passes_on_the_scripts_own_failure(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    assert main(["doctor", str(script)]) == 3
+    assert "failed before any non-finite gradient" in capsys.readouterr().err
+
+
+def test_steps_stops_watching(tmp_path: Path) -> None:
+    report, _ = diagnose(str(CORPUS / "clean_mlp.py"), steps=2)
+    assert report.status == "clean" and report.backward_calls == 2
+
+
+def test_the_optimizer_step_that_makes_parameters_non_finite_is_class_f(tmp_path: Path) -> None:
+    script = tmp_path / "blowup.py"
+    script.write_text(
+        "import torch\n"
+        "w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))\n"
+        "opt = torch.optim.SGD([w], lr=1e38)\n"
+        "for _ in range(3):\n"
+        "    loss = (w * w).sum()\n"
+        "    opt.zero_grad()\n"
+        "    loss.backward()\n"
+        "    opt.step()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "F" and report.step == 2
+
+
+def test_a_nan_that_does_not_recur_in_the_replay_is_class_g(tmp_path: Path) -> None:
+    (tmp_path / "once.py").write_text("seen = []\n")
+    script = tmp_path / "flaky.py"
+    script.write_text(
+        "import torch, once\n"
+        "once.seen.append(1)\n"
+        "x = torch.tensor([0.0 if len(once.seen) == 1 else 1.0], requires_grad=True)\n"
+        "x.sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.status == "found" and report.cls == "G" and report.born is None
+
+
+def test_in_process_the_report_is_the_same_object_and_says_its_fixes_are_unchecked() -> None:
+    x = torch.zeros(3, requires_grad=True)
+    with ag.doctor() as report:
+        for shift in (1.0, 0.0):
+            (x + shift).sqrt().sum().backward()  # born here
+    assert report.status == "found" and report.step == 2 and report.cls == "B"
+    assert report.born is not None and report.born.node == "SqrtBackward0"
+    assert report.born.line == line_of(__file__, "# born here")
+    assert report.proposals and not any(p.checked for p in report.proposals)
+    assert "cannot be replayed" in report.proposals[0].check
+
+
+def test_in_process_a_finite_block_is_clean() -> None:
+    x = torch.ones(3, requires_grad=True)
+    with ag.doctor() as report:
+        x.sqrt().sum().backward()
+    assert report.status == "clean" and report.backward_calls == 1
+
+
+_SCALED_STEPS = (
+    "import torch\n"
+    "w = torch.nn.Parameter(torch.full((2,), 1e-10))\n"
+    "opt = torch.optim.SGD([w], lr=1e-40)\n"
+    "scaler = torch.amp.GradScaler('cpu')\n"
+    "for _ in range(12):\n"
+    "    loss = {loss}\n"
+    "    opt.zero_grad()\n"
+    "    scaler.scale(loss).backward()\n"
+    "    scaler.step(opt)\n"
+    "    scaler.update()\n")
+
+
+def test_a_loss_scalers_deliberate_overflow_is_no_finding(tmp_path: Path) -> None:
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w * 1e34).sum()"))  # inf at scale 2**16 only
+    report, _ = diagnose(str(script))
+    assert report.status == "clean" and report.backward_calls == 12
+
+
+def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> None:
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()"))
+    report, _ = diagnose(str(script))
+    assert report.status == "found" and report.cls == "B" and report.step == 5
+    assert report.born is not None and report.born.node == "SqrtBackward0"
+
+
+def test_the_demos_nan_is_diagnosed_with_a_checked_fix() -> None:
+    """``make demo`` runs the doctor on examples/triplet_nan.py: the demo's plain-composite NaN."""
+    script = Path(__file__).resolve().parents[1] / "examples" / "triplet_nan.py"
+    report, _ = diagnose(str(script), ["--steps", "3"])
+    assert report.status == "found" and report.cls == "A" and report.step == 1
+    assert report.born is not None and (report.born.node, report.born.function) == (
+        "SqrtBackward0", "pairwise_distance")
+    native = report.proposals[0]
+    assert native.kind == "native" and native.checked and "torch.linalg.vector_norm" in native.diff
+
+
+def test_a_distributed_script_is_diagnosed_in_one_process(tmp_path: Path) -> None:
+    script = tmp_path / "ddp.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'store'}', rank=0, world_size=1)\n"
+        "x = torch.zeros(2, requires_grad=True)\n"
+        "x.sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "B" and "one process was diagnosed: rank 0 of 1" in report.notes[0]
