@@ -64,3 +64,9 @@ class FirstOrderWarning(RuleWarning):
 class SecondOrderWarning(RuleWarning):
     """A second derivative flowed through elements where a subgradient or NaN-safe rule fired:
     there it is the rule's own derivative (0 for a constant gradient), not the function's."""
+
+
+class ForwardModeWarning(UserWarning):
+    """A group's tangents could not use PyTorch's forward-mode formulas (an op has none in the
+    running release): they are the transpose of the group's whole vjp, whose double backward may be
+    NaN where the forward formulas are not. The message names the group and the op."""
