@@ -35,7 +35,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import compat, nodes
 from ..claims import CLAIM
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, internal_error
 from ..frames import user_frame
 from ..instance import GroupInstance
 
@@ -118,7 +118,8 @@ class NonFiniteCheck:
         if bad is None or not all(_finite(g) for g in grad_outputs):
             return
         grad = grad_inputs[bad]
-        assert grad is not None
+        if grad is None:  # _finite(None) is True: never picked
+            raise internal_error(f"NonFiniteCheck picked gradient {bad} of op {self.op}, which is None")
         count = int((~torch.isfinite(grad)).sum())
         inst = self.instance
         named = f"instance {inst.id}, " if inst.id != inst.name else ""

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from .. import levels
+from ..errors import internal_error
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
@@ -47,7 +48,8 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
     ...     check_site(t.instances[0], t.instances[0].rules.nan_safe).status
     'consistent'
     """
-    assert instance.call is not None
+    if instance.call is None:
+        raise internal_error(f"group instance {instance.id} was checked without the call that made it")
     function, args, kwargs, wanted = instance.call
     fn = function()
     if fn is None:
