@@ -207,7 +207,7 @@ def xlogy(input: Operand, other: Operand) -> torch.Tensor:
     """``torch.xlogy``: ``input * log(other)``, and 0 where ``input == 0`` (unless ``other`` is NaN).
 
     Since ``xlogy(0, other)`` is 0 for every ``other``, ``other``'s gradient is 0 where ``input == 0``,
-    ``other == 0`` included, where ``torch.xlogy``'s is ``0 / 0`` (docs/builtins.md).
+    ``other == 0`` included, where ``torch.xlogy``'s is ``0 / 0`` (documentation: "Built-in ops").
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
