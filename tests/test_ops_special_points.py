@@ -399,6 +399,15 @@ def test_xlogy_losses_against_a_masked_softmax_have_gradient_p_minus_t(loss, mod
     torch.testing.assert_close(ours, torch.softmax(z, -1) - t, rtol=0, atol=1e-15)
 
 
+@pytest.mark.parametrize("order", [1, 2])
+def test_verify_finds_xlogys_rules_consistent_in_a_masked_cross_entropy(order) -> None:
+    z, t = _masked_softmax_problem()
+    rows = {row.rule: row.status for row in ag.verify(lambda a: _cross_entropy(a, t), z.requires_grad_(),
+                                                      order=order).rows if row.instance}
+    assert rows == {"subgradient(log: (self == 0) & (grad == 0) -> 0)": "consistent",
+                    "subgradient(where [input 1]: condition -> grad)": "consistent"}
+
+
 @pytest.mark.parametrize("loss", [_cross_entropy, _kl_divergence], ids=["cross-entropy", "kl"])
 def test_xlogy_losses_against_a_masked_softmax_have_the_exact_hessian(loss) -> None:
     # The Hessian in the logits is diag(p) - p p^T per row, 0 at masked classes: no warning.
