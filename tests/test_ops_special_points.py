@@ -399,13 +399,26 @@ def test_xlogy_losses_against_a_masked_softmax_have_gradient_p_minus_t(loss, mod
     torch.testing.assert_close(ours, torch.softmax(z, -1) - t, rtol=0, atol=1e-15)
 
 
+def _verify_masked_cross_entropy(order: int, scope: str) -> dict[str, str]:
+    z, t = _masked_softmax_problem()
+    report = ag.verify(lambda a: _cross_entropy(a, t), z.requires_grad_(), order=order)
+    return {row.rule: row.status for row in report.rows if row.instance and row.scope == scope}
+
+
+_XLOGY_RULES_CONSISTENT = {"subgradient(log: (self == 0) & (grad == 0) -> 0)": "consistent",
+                           "subgradient(where [input 1]: condition -> grad)": "consistent"}
+
+
 @pytest.mark.parametrize("order", [1, 2])
 def test_verify_finds_xlogys_rules_consistent_in_a_masked_cross_entropy(order) -> None:
-    z, t = _masked_softmax_problem()
-    rows = {row.rule: row.status for row in ag.verify(lambda a: _cross_entropy(a, t), z.requires_grad_(),
-                                                      order=order).rows if row.instance}
-    assert rows == {"subgradient(log: (self == 0) & (grad == 0) -> 0)": "consistent",
-                    "subgradient(where [input 1]: condition -> grad)": "consistent"}
+    assert _verify_masked_cross_entropy(order, "") == _XLOGY_RULES_CONSISTENT
+
+
+@pytest.mark.xfail(strict=True, reason="verify's end-to-end reference, finite differences of the "
+                   "function's value, tends to 0 at an unmasked logit whose gradient is p (0.145): a "
+                   "verify defect with -inf inputs, not the rule's")
+def test_verify_end_to_end_finds_xlogys_rules_consistent_in_a_masked_cross_entropy() -> None:
+    assert _verify_masked_cross_entropy(1, "end to end") == _XLOGY_RULES_CONSISTENT
 
 
 @pytest.mark.parametrize("loss", [_cross_entropy, _kl_divergence], ids=["cross-entropy", "kl"])
