@@ -78,11 +78,11 @@ def _assert_equal_but_undefined(forward: tuple[torch.Tensor, ...], reverse: tupl
                                 out: torch.Tensor) -> None:
     """Equal and finite except along undefined partial derivatives.
 
-    A partial derivative that is itself undefined (xlogy's x / y at x = y = 0, pow's slope at a zero
-    base with exponent < 1) is non-finite in both modes; reverse mode spreads it down its column
-    (0 * NaN for the other cotangents), forward mode along its row (NaN * 0 for the other tangents),
-    as native PyTorch's modes do. Those rows and columns, and the rows of non-finite values of
-    ``out``, are left out; everything else must agree.
+    A partial derivative that is itself infinite or undefined (xlogy's x / y at y = 0, x != 0, pow's
+    slope at a zero base with exponent < 1) is non-finite in both modes; reverse mode spreads it down
+    its column (0 * NaN for the other cotangents), forward mode along its row (NaN * 0 for the other
+    tangents), as native PyTorch's modes do. Those rows and columns, and the rows of non-finite
+    values of ``out``, are left out; everything else must agree.
     """
     fw = torch.cat([f.reshape(out.numel(), -1) for f in forward], 1)
     rv = torch.cat([r.reshape(out.numel(), -1) for r in reverse], 1)
@@ -104,7 +104,7 @@ def test_jacfwd_jvp_and_dual_numbers_equal_jacrev(case: Case) -> None:
     _assert_equal_but_undefined(forward, reverse, out)
     ts = _tangents(xs)
     if not all(torch.isfinite(r).all() for r in reverse):
-        return  # xlogy at x = y = 0: d/dy = x / y is 0/0, in torch.xlogy's backward too
+        return  # xlogy at y = 0, x != 0: d/dy = x / y is infinite, as in torch.xlogy's backward
     expected = _contract(reverse, out, ts)
     value, tangent = jvp(fn, xs, ts)
     torch.testing.assert_close(value, out)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.checkpoint import CheckpointError
 
 from .. import compat, flag, host_reads, levels, nodes
-from ..errors import RuleError
+from ..errors import RuleError, internal_error
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
@@ -176,7 +176,9 @@ def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size
     elements the condition was not computed for.
     """
     target = grads[i]
-    assert target is not None
+    if target is None:
+        raise internal_error(f"a rule site of op {site.op} filled gradient {i}, which its node did not "
+                             "pass on")
     inputs = {g.shape for g in grads if g is not None}
     inputs.update(v.shape for name, v in env.items() if name != "grad" and isinstance(v, torch.Tensor))
     if shape in inputs and _fits(shape, target.shape):
