@@ -31,6 +31,7 @@ MYPY_CONFIG = """\
 [mypy]
 [mypy-torch.*,networkx.*,rich.*,yaml.*]
 follow_imports = skip
+ignore_missing_imports = True
 """
 
 

@@ -10,6 +10,7 @@ gradient times an infinite slope, and on the y axis ``atan2``'s chain multiplies
 from __future__ import annotations
 
 import math
+from typing import TypeAlias
 
 import torch
 
@@ -18,7 +19,8 @@ from ..groups.group import autograd_group
 from ..rules.kinds import OverrideContext
 from .autocast import autocast_policy
 
-Operand = torch.Tensor | float
+#: A tensor or a Python number, as the native ops take.
+Operand: TypeAlias = torch.Tensor | float
 
 
 def _tensors(a: Operand, b: Operand) -> tuple[torch.Tensor, torch.Tensor]:
