@@ -233,11 +233,15 @@ class autograd_group:
                                             args, kwargs, override, context)
 
                     # A NaN-safe rule is a group policy, transposed whole; so is an override
-                    # under the reverse-mode transforms, and where its check fires. Otherwise a
-                    # group runs by its rule sites.
+                    # under the reverse-mode transforms, and where its check fires; and a rule
+                    # whose condition reads the incoming gradient (its vjp is not linear in it,
+                    # so one call's vjp has no transpose of its own). Otherwise a group runs by
+                    # its rule sites.
                     rules = registry.ruleset(name)
                     reverse_only = override is not None and not tangents.active(args, kwargs)
-                    if rules.nan_safe is not None or reverse_only:
+                    if rules.nan_safe is not None or reverse_only \
+                            or any("grad" in rule.when_fn.names for ruled in rules.subgradients.values()
+                                   for rule in ruled):
                         return whole()
                     settled = None if override is None else functools.partial(
                         tangents.declined, name, where, override, context, args, kwargs)

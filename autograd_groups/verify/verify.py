@@ -40,6 +40,9 @@ from .verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, LIMITS, 
 
 #: How many instances of each group where a rule fired are checked, by default.
 MAX_INSTANCES = 5
+#: Why a rule is not checked where nothing it changed reaches a gradient of the differentiated
+#: inputs (an input that does not require grad took all of it).
+UNREACHED = "the elements it changed reach no input gradient"
 
 
 @dataclass
@@ -322,7 +325,7 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
                                                     "float64 copies (a special point made by float32's "
                                                     "rounding or range)"))
         elif not bool(reached.any()):
-            reason = "the elements it changed reach no input gradient"
+            reason = UNREACHED
             if bool(at.nan.any()):
                 reason += (f" that is not NaN with the rules on (NaN e.g. at "
                            f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
