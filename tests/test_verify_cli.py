@@ -146,7 +146,8 @@ def _on_a_terminal(argv: list[str]) -> tuple[int, str]:
 def test_progress_goes_to_stderr_on_a_terminal_only(tmp_path: Path) -> None:
     code, stderr = _on_a_terminal(["verify", str(_script(tmp_path))])
     assert code == 0
-    assert "autograd-groups verify: checking length#0 (1 of 2)" in stderr
+    # The terminal shows whichever update it drew last: the first, or the second.
+    assert re.search(r"autograd-groups verify: checking length#\d+ \([12] of 2\)", stderr), stderr
     # In a pipe, none: test_a_script_with_a_wrong_rule_exits_1_and_names_the_group.
 
 

@@ -141,6 +141,6 @@ def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, verd
             f"the function's, which is smooth there (group created at {instance.where}): "
             f"{verdict.detail}. A special case belongs where the automatic gradient fails; here the "
             f"function has a gradient the rule does not give: give group {instance.name!r} an "
-            f"override whose backward gives it (docs/groups.md), or write the function so that it "
-            f"is smooth there without a rule (a series near the point), and check it with "
-            f"ag.verify(fn, *args). ag.set_rule_checks(False) turns this check off")
+            f"override whose backward gives it (documentation: 'Groups and rules'), or write the "
+            f"function so that it is smooth there without a rule (a series near the point), and check "
+            f"it with ag.verify(fn, *args). ag.set_rule_checks(False) turns this check off")

@@ -100,7 +100,7 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], part: Part
             f"group {name!r} (created at {tangents._at(where)}): op {op} has no forward-mode formula in "
             f"torch {torch.__version__}, so from now on the group's tangents are the transpose of its "
             f"whole vjp (a backward and a double backward of the group per call), NaN where an op's "
-            f"double backward is NaN (docs/groups.md, 'Forward mode')"), stacklevel=3)
+            f"double backward is NaN (documentation: 'Groups and rules', 'Forward mode')"), stacklevel=3)
         return whole()
     return out if declined is None or declined(out) else whole()
 
