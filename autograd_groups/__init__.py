@@ -11,6 +11,7 @@ from .doctor.inprocess import doctor
 from .errors import (
     ExpressionError,
     FirstOrderWarning,
+    ForwardModeWarning,
     GroupError,
     InertRuleWarning,
     NonFiniteError,
@@ -46,7 +47,7 @@ __all__ = [
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
     "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor", "FirstOrderWarning",
-    "set_rule_checks", "rule_checks_enabled",
+    "set_rule_checks", "rule_checks_enabled", "ForwardModeWarning",
 ]
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.autograd.forward_ad as forward_ad
 
-from .errors import UnsupportedRelease
+from .errors import UnsupportedRelease, internal_error
 
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
@@ -164,7 +164,8 @@ def _accumulate_grad_class() -> type:
     with torch.inference_mode(False), torch.enable_grad():
         leaf = torch.empty(0, requires_grad=True)
         node = leaf.view(0).grad_fn
-        assert node is not None
+        if node is None:
+            raise internal_error("a view of a leaf that requires grad has no grad_fn")
         return type(node.next_functions[0][0])
 
 

@@ -47,6 +47,26 @@ class UnsupportedRelease(GroupError, RuntimeError):
     """A feature needs a PyTorch internal that the installed release does not have."""
 
 
+class InternalError(GroupError):
+    """A bug of autograd-groups itself: something its own code guarantees did not hold. Raised by
+    :func:`internal_error`'s checks where an ``assert`` would vanish under ``python -O``."""
+
+
+def internal_error(what: str) -> InternalError:
+    """The error for a broken guarantee of the library's own code, ``what``: it says that this is a
+    bug of autograd-groups, not of the caller's code, and what to report.
+
+    >>> raise internal_error("no grad_fn")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    autograd_groups.errors.InternalError: autograd-groups internal error: no grad_fn. This is a bug of ...
+    """
+    return InternalError(
+        f"autograd-groups internal error: {what}. This is a bug of autograd-groups, not of your code: "
+        f"please report it to the autograd-groups maintainers with this traceback, the code that "
+        f"raised it, and the versions of autograd-groups and PyTorch (autograd_groups.__version__, "
+        f"torch.__version__)")
+
+
 class RuleWarning(UserWarning):
     """A rule may not do what its author meant; the message names group, rule and the fix."""
 
@@ -64,3 +84,9 @@ class FirstOrderWarning(RuleWarning):
 class SecondOrderWarning(RuleWarning):
     """A second derivative flowed through elements where a subgradient or NaN-safe rule fired:
     there it is the rule's own derivative (0 for a constant gradient), not the function's."""
+
+
+class ForwardModeWarning(UserWarning):
+    """A group's tangents could not use PyTorch's forward-mode formulas (an op has none in the
+    running release): they are the transpose of the group's whole vjp, whose double backward may be
+    NaN where the forward formulas are not. The message names the group and the op."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -23,6 +22,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from . import compat
+from .decorating import decorate
 from .frames import user_frame
 from .rules import compiled_groups, registry
 
@@ -231,12 +231,9 @@ class special_cases:
             _local.backward = previous
 
     def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with special_cases(self.enabled, self.groups, self.during):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
+        """``fn`` with the setting at each call; a generator function's body has it at each resume
+        of the generator, its caller between resumes not (as ``torch.no_grad``)."""
+        return decorate(lambda: special_cases(self.enabled, self.groups, self.during), fn)
 
 
 def _warn_compiled(state: FlagState) -> None:

@@ -89,6 +89,18 @@ MULTIPLIERS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
+#: Products with a factor that may be exactly zero where another is infinite: per node class, the
+#: input gradients (by index) and the saved value that multiplies each (derivatives.yaml: xlogy's
+#: ``other: grad * self / other``, xlog1py's ``other: grad * self / (other + 1)``). A NaN-safe group
+#: makes such a gradient 0 where that factor is exactly 0, whatever the others are (``0 · ∞ = 0``),
+#: as its forward mode does. A quotient's divisor (``-grad * self / other²``) is left out: every
+#: NaN-safe division would pay a compare and a select for the 0 / 0 case.
+ZERO_FACTORS: dict[str, tuple[tuple[int, str], ...]] = {
+    "XlogyBackward0": ((1, "self"),),
+    "SpecialXlog1PyBackward0": ((1, "self"),),
+}
+
+
 #: The most elements of saved tensors read per product spared: a successful read costs a pass over
 #: them, less than the hook it spares spends on the gradient they multiply; a read that finds a
 #: non-finite value spares nothing, and this bounds what it wastes.

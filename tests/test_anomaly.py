@@ -4,12 +4,14 @@ unchanged gradients when everything is finite."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from torch.testing import assert_close
 
 import autograd_groups as ag
+from autograd_groups.observe import anomaly
 from conftest import line_of
 
 
@@ -122,21 +124,84 @@ def test_instances_created_outside_the_block_are_not_checked() -> None:
     assert torch.isnan(x.grad).all()
 
 
-def test_backward_on_another_thread_is_checked() -> None:
-    x = torch.ones(2, requires_grad=True)
+def _in_thread(work: Callable[[], object]) -> list[BaseException]:
+    """Run ``work`` in a new thread; the exceptions it raised."""
     caught: list[BaseException] = []
 
     def run() -> None:
         try:
-            planted(x).backward()
-        except ag.NonFiniteError as e:
+            work()
+        except BaseException as e:  # noqa: BLE001 - handed to the test's thread
             caught.append(e)
 
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    return caught
+
+
+def test_backward_on_another_thread_is_checked() -> None:
+    # The watch is read in the forward and kept by the instance: the thread of the backward does
+    # not matter.
+    x = torch.ones(2, requires_grad=True)
     with ag.detect_nonfinite():
-        worker = threading.Thread(target=run)
+        out = planted(x)
+    assert [type(e) for e in _in_thread(out.backward)] == [ag.NonFiniteError]
+
+
+def test_a_block_in_one_thread_does_not_watch_another_threads_groups() -> None:
+    x = torch.ones(2, requires_grad=True)
+    with ag.detect_nonfinite():
+        assert _in_thread(lambda: planted(x).backward()) == []
+        assert x.grad is not None and torch.isnan(x.grad).all()
+        with pytest.raises(ag.NonFiniteError):  # this thread's own groups: watched
+            planted(x).backward()
+
+
+def test_verify_pausing_one_thread_leaves_another_threads_watch_on() -> None:
+    # ag.verify pauses the watch around its own runs of a group: in its thread only.
+    x = torch.ones(2, requires_grad=True)
+    paused, done = threading.Event(), threading.Event()
+
+    def verifying() -> None:
+        with anomaly.paused():
+            paused.set()
+            done.wait(30)
+            planted(x).backward()  # paused here: no error
+
+    worker = threading.Thread(target=verifying)
+    with ag.detect_nonfinite():
         worker.start()
-        worker.join()
-    assert [type(e) for e in caught] == [ag.NonFiniteError]
+        assert paused.wait(30)
+        try:
+            with pytest.raises(ag.NonFiniteError):
+                planted(x).backward()
+        finally:
+            done.set()
+            worker.join()
+        with anomaly.paused():
+            planted(x).backward()  # this thread's pause
+        with pytest.raises(ag.NonFiniteError):
+            planted(x).backward()  # and its watch is back after it
+
+
+def test_a_decorated_generator_is_watched_at_each_resume() -> None:
+    x = torch.ones(2, requires_grad=True)
+
+    @ag.detect_nonfinite()
+    def steps() -> Iterator[torch.Tensor]:
+        while True:
+            yield planted(x)
+
+    batches = steps()
+    assert not anomaly.active()
+    out = next(batches)  # made inside the body: watched
+    assert not anomaly.active()  # between resumes the caller is not
+    with pytest.raises(ag.NonFiniteError, match="group 'planted'"):
+        out.backward()
+    unwatched = planted(x)
+    unwatched.backward()
+    batches.close()
 
 
 # A NaN made in the forward pass that reaches a group's output is named where it was made: no

@@ -32,16 +32,18 @@ PRIVATE_PARTS = frozenset(
 
 
 def _private_members() -> frozenset[str]:
-    """The private members of the torch objects the package handles: a tensor and a view, autograd
-    nodes, an op overload and its packet (``_base``, ``_version``, ``_sequence_nr``,
-    ``_input_metadata``, ``_schema``, ``_saved_self``, ...), asked of the running release."""
+    """The private members of the torch objects the package handles, asked of the running release:
+    of a tensor and a view, and autograd nodes (``_base``, ``_version``, ``_sequence_nr``,
+    ``_input_metadata``, ``_saved_self``, ...); of an op overload and its packet, those of its schema
+    and overloads (``_schema``): its others (``_name``, ``_op``) are words the package's own classes
+    use for their attributes."""
     x = torch.ones(2, requires_grad=True)
     node = x.pow(3).grad_fn
     assert node is not None
-    objects = (x, x[1:], node, node.next_functions[0][0], torch.ops.aten.pow.Tensor_Scalar,
-               torch.ops.aten.pow)
-    return frozenset(name for o in objects for name in dir(o)
-                     if name.startswith("_") and not name.startswith("__"))
+    ops = (torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.pow)
+    names = ({name for o in (x, x[1:], node, node.next_functions[0][0]) for name in dir(o)}
+             | {name for o in ops for name in dir(o) if "schema" in name or "overload" in name})
+    return frozenset(name for name in names if name.startswith("_") and not name.startswith("__"))
 
 
 PRIVATE_MEMBERS = _private_members()

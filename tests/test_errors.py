@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import ast
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import autograd_groups as ag
+from autograd_groups.errors import InternalError
 
 
 def test_unknown_op_names_it_and_the_closest_known_ops():
@@ -300,3 +306,31 @@ def test_fullgraph_compile_of_an_override_with_a_bool_check_names_the_group_and_
     assert "group 'err.compile' has an override whose check is not declared to return a tensor" in message
     assert "declare the check `-> torch.Tensor` and return a bool tensor" in message
     assert "file an issue" not in message.lower()
+
+
+#: Modules rewritten elsewhere, whose asserts go with that rewrite.
+_ASSERTS_OWNED_ELSEWHERE = {"spec/cli.py"}
+
+
+def test_library_code_has_no_bare_assert() -> None:
+    # python -O strips assert statements: a broken guarantee must raise internal_error instead.
+    package = Path(ag.__file__).parent
+    found = sorted(f"{path.relative_to(package)}:{node.lineno}" for path in package.rglob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)
+                   and path.relative_to(package).as_posix() not in _ASSERTS_OWNED_ELSEWHERE)
+    assert found == []
+
+
+def test_an_internal_error_says_it_is_a_bug_of_the_library_even_under_python_O() -> None:
+    # A check the expression language's parser makes unreachable, reached directly: the Subscript
+    # node never passes _compile, so _describe meets a node it does not know.
+    code = ("import ast\nfrom autograd_groups.rules import expr\n"
+            "expr._describe(ast.parse('x[0]', mode='eval').body)\n")
+    run = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(ag.__file__).parents[1])})
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("autograd_groups.errors.InternalError: autograd-groups internal error: a "
+                           "validated expression holds a Subscript node. This is a bug of "
+                           "autograd-groups, not of your code: please report it"), last
+    assert issubclass(InternalError, ag.GroupError)

@@ -156,6 +156,46 @@ def test_decorator_form(direct_cdist, points):
     assert torch.isfinite(grad_x1(direct_cdist.grouped_cdist, points)).all()
 
 
+def test_a_decorated_generator_has_the_setting_at_each_resume_only(direct_cdist, points):
+    # As torch.no_grad: the body runs with the setting at every resume, the caller between resumes
+    # without it; close and throw reach the body inside the setting too.
+    seen = []
+
+    @ag.special_cases(False)
+    def steps():
+        try:
+            while True:
+                seen.append(ag.is_special_cases_enabled())
+                yield grad_x1(direct_cdist.grouped_cdist, points)
+        except KeyError:
+            seen.append(ag.is_special_cases_enabled())
+            yield None
+        finally:
+            seen.append(ag.is_special_cases_enabled())
+
+    gen = steps()
+    assert seen == [] and ag.is_special_cases_enabled()
+    assert next(gen).isnan().any()  # the group made in the body recorded "off"
+    assert ag.is_special_cases_enabled() and torch.isfinite(grad_x1(direct_cdist.grouped_cdist, points)).all()
+    assert next(gen).isnan().any()
+    assert gen.throw(KeyError) is None
+    gen.close()
+    assert seen == [False, False, False, False] and ag.is_special_cases_enabled()
+
+
+def test_a_decorated_generator_returns_its_value() -> None:
+    @ag.special_cases(False)
+    def counted():
+        yield 1
+        return "done"
+
+    gen = counted()
+    assert next(gen) == 1
+    with pytest.raises(StopIteration) as stop:
+        next(gen)
+    assert stop.value.value == "done"
+
+
 def test_flag_is_thread_local():
     seen = {}
     ag.set_special_cases(False)

@@ -78,11 +78,11 @@ def _assert_equal_but_undefined(forward: tuple[torch.Tensor, ...], reverse: tupl
                                 out: torch.Tensor) -> None:
     """Equal and finite except along undefined partial derivatives.
 
-    A partial derivative that is itself undefined (xlogy's x / y at x = y = 0, pow's slope at a zero
-    base with exponent < 1) is non-finite in both modes; reverse mode spreads it down its column
-    (0 * NaN for the other cotangents), forward mode along its row (NaN * 0 for the other tangents),
-    as native PyTorch's modes do. Those rows and columns, and the rows of non-finite values of
-    ``out``, are left out; everything else must agree.
+    A partial derivative that is itself infinite or undefined (xlogy's x / y at y = 0, x != 0, pow's
+    slope at a zero base with exponent < 1) is non-finite in both modes; reverse mode spreads it down
+    its column (0 * NaN for the other cotangents), forward mode along its row (NaN * 0 for the other
+    tangents), as native PyTorch's modes do. Those rows and columns, and the rows of non-finite
+    values of ``out``, are left out; everything else must agree.
     """
     fw = torch.cat([f.reshape(out.numel(), -1) for f in forward], 1)
     rv = torch.cat([r.reshape(out.numel(), -1) for r in reverse], 1)
@@ -104,7 +104,7 @@ def test_jacfwd_jvp_and_dual_numbers_equal_jacrev(case: Case) -> None:
     _assert_equal_but_undefined(forward, reverse, out)
     ts = _tangents(xs)
     if not all(torch.isfinite(r).all() for r in reverse):
-        return  # xlogy at x = y = 0: d/dy = x / y is 0/0, in torch.xlogy's backward too
+        return  # xlogy at y = 0, x != 0: d/dy = x / y is infinite, as in torch.xlogy's backward
     expected = _contract(reverse, out, ts)
     value, tangent = jvp(fn, xs, ts)
     torch.testing.assert_close(value, out)
@@ -380,13 +380,19 @@ def test_reverse_mode_inside_a_dual_level_keeps_the_rules() -> None:
     torch.testing.assert_close(x.grad, torch.tensor([[0.0, 0.0], [0.6, 0.8]], dtype=F64))
 
 
-def test_the_group_must_return_tensors_in_forward_mode() -> None:
+def test_a_group_transposed_whole_must_return_tensors_in_forward_mode() -> None:
+    # A group of subgradients runs as its own function, rule sites apart: it may return any
+    # pytree. A NaN-safe group's tangents are its whole vjp's transpose, which needs tensors.
     with ag.registry_scope():
         ag.register_rule("fm.dict", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
         fn = ag.autograd_group("fm.dict")(lambda x: {"norm": x.pow(2).sum(-1).sqrt()})
-        with pytest.raises(GroupError, match=r"group 'fm.dict' .* must return a tensor or a tuple of "
-                                             r"tensors, not dict"):
-            jvp(fn, (ZERO_ROW,), (torch.ones_like(ZERO_ROW),))
+        _, tangent = jvp(fn, (ZERO_ROW,), (torch.ones_like(ZERO_ROW),))
+        torch.testing.assert_close(tangent["norm"], torch.tensor([0.0, (3.0 + 4.0) / 5.0], dtype=F64))
+        ag.register_rule("fm.dict_nan_safe", ag.NanSafe())
+        whole = ag.autograd_group("fm.dict_nan_safe")(lambda x: {"norm": x.pow(2).sum(-1).sqrt()})
+        with pytest.raises(GroupError, match=r"group 'fm.dict_nan_safe' .* must return a tensor or a "
+                                             r"tuple of tensors, not dict"):
+            jvp(whole, (ZERO_ROW,), (torch.ones_like(ZERO_ROW),))
 
 
 def test_an_override_group_nested_in_a_group_with_rules_is_refused_by_name() -> None:

@@ -131,3 +131,18 @@ def test_pow_exponent_gradient_at_a_negative_base_is_finite_where_torch_is_not()
     ours, native = grads
     torch.testing.assert_close(ours, torch.pow(base, power) * torch.log(base.abs()))
     assert native.isnan().all() or torch.allclose(native, ours)
+
+
+def test_xlogy_cross_entropy_against_a_masked_class_is_finite_where_torch_is_not() -> None:
+    # Target 0 at a class the softmax gives probability 0: xlogy(0, p) is 0 for every p, so the
+    # loss does not depend on p there; torch.xlogy's gradient of p is grad * 0 / 0.
+    z = torch.tensor([[1.0, -math.inf, 0.5]], dtype=torch.float64)
+    t = torch.tensor([[0.7, 0.0, 0.3]], dtype=torch.float64)
+    grads = []
+    for op in (ag.ops.xlogy, torch.xlogy):
+        leaf = z.clone().requires_grad_()
+        (-op(t, torch.softmax(leaf, -1))).sum().backward()
+        grads.append(leaf.grad)
+    ours, native = grads
+    torch.testing.assert_close(ours, torch.softmax(z, -1) - t)
+    assert native.isnan().all() or torch.allclose(native, ours)

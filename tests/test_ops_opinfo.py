@@ -102,6 +102,14 @@ def _atan2_reference(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(origin, torch.atan2(y, x).detach(), safe)
 
 
+def _xlogy_reference(x: Any, y: Any) -> torch.Tensor:
+    """``torch.xlogy`` with a double ``where`` at ``x = y = 0``: ``xlogy(0, y)`` is 0 for every ``y``,
+    so every derivative is 0 there (``torch.xlogy``'s gradient of ``y``, ``x / y``, is ``0 / 0``)."""
+    like = x if isinstance(x, torch.Tensor) else y
+    x, y = (v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=like.dtype) for v in (x, y))
+    return torch.xlogy(x, torch.where((x == 0) & (y == 0), 1.0, y))
+
+
 def _logsumexp_reference(x: torch.Tensor, dim: Any, keepdim: bool = False) -> torch.Tensor:
     """``torch.logsumexp`` with a double ``where`` at slices that are all ``-inf``: -inf, gradient 0."""
     dims = (dim,) if isinstance(dim, int) else tuple(dim)
@@ -134,7 +142,7 @@ ENTRIES = [
     Entry("var", ops.var, "unbiased"),
     Entry("pow", ops.pow, reference=_pow_reference),
     Entry("atan2", ops.atan2, reference=_atan2_reference),
-    Entry("xlogy", ops.xlogy),
+    Entry("xlogy", ops.xlogy, reference=_xlogy_reference),
     Entry("logsumexp", ops.logsumexp, reference=_logsumexp_reference),
 ]
 

@@ -9,6 +9,8 @@ import inspect
 import math
 import pkgutil
 import re
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ops_cases import forward_backward, upstream
+from torch.func import grad, hessian, jacfwd, jacrev
 
 import autograd_groups as ag
 from autograd_groups import ops
@@ -319,6 +322,116 @@ def test_xlogy_input_gradient_at_zero_input_when_other_needs_none() -> None:
     native = torch.autograd.grad(torch.xlogy(x, y).sum(), x)[0]
     torch.testing.assert_close(ours, native)
     assert (ours[:3] == 0).all()
+
+
+def test_xlogy_gradient_in_other_is_zero_where_input_is_zero() -> None:
+    # xlogy(0, p) is 0 for every p, so its derivative in p is 0 there, p = +-0 included, where
+    # grad * input / other is 0 / 0. Everywhere else the gradients are torch.xlogy's.
+    x = torch.tensor([0.0, -0.0, 0.0, 0.0, 0.0, 0.0, 1.5, -0.5], dtype=torch.float64)
+    y = torch.tensor([0.0, 0.0, -0.0, 2.0, -1.0, math.inf, 0.5, 0.0], dtype=torch.float64)
+    (gx, gy), (nx, ny) = (torch.autograd.grad(op(a, b), (a, b), upstream(y))
+                          for op in (ag.ops.xlogy, torch.xlogy) for a, b in [_pair(x.tolist(), y.tolist())])
+    assert torch.equal(gy[:6], torch.zeros(6, dtype=torch.float64))
+    for mine, native in ((gx, nx), (gy, ny)):
+        finite = native.isfinite()
+        torch.testing.assert_close(mine[finite], native[finite])
+    # x != 0, y = 0: both slopes are infinite, as torch.xlogy's.
+    assert gx[7].isinf() and gy[7].isinf() and torch.equal(gx[7:], nx[7:]) and torch.equal(gy[7:], ny[7:])
+
+
+def test_xlogy_second_derivative_in_other_is_zero_where_input_is_zero() -> None:
+    # d2/dy2 xlogy(x, y) = -x / y**2: 0 where x = 0, at y = 0 too; reverse over reverse, forward over
+    # reverse and reverse over forward alike.
+    x = torch.tensor([0.0, 0.0, -0.0, 0.0, 1.5, -2.0], dtype=torch.float64)
+    y = torch.tensor([0.0, -0.0, 0.0, 2.0, 0.5, 3.0], dtype=torch.float64)
+    weight = torch.arange(1.0, 7.0, dtype=torch.float64)
+    expected = torch.diag(torch.where(x == 0, 0.0, -weight * x / y**2))
+
+    def f(other: torch.Tensor) -> torch.Tensor:
+        return (weight * ag.ops.xlogy(x, other)).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ag.SecondOrderWarning)  # exact: nothing to warn about
+        for hessian in (jacrev(jacrev(f)), jacfwd(jacrev(f)), jacrev(jacfwd(f))):
+            torch.testing.assert_close(hessian(y), expected, rtol=1e-12, atol=0)
+        leaf = y.clone().requires_grad_()
+        (g,) = torch.autograd.grad(f(leaf), leaf, create_graph=True)
+        assert torch.equal(g[:4], torch.zeros(4, dtype=torch.float64))
+        (hv,) = torch.autograd.grad(g.sum(), leaf)
+        torch.testing.assert_close(hv, expected.sum(1), rtol=1e-12, atol=0)
+
+
+def _masked_softmax_problem() -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits with -inf at masked classes, and a target that is 0 there (and at one unmasked class)."""
+    z = torch.tensor([[1.0, -math.inf, 0.5, -math.inf, -0.3],
+                      [0.2, 0.3, -math.inf, 2.0, 1.1],
+                      [-math.inf, -1.0, 0.0, -math.inf, -math.inf]], dtype=torch.float64)
+    t = torch.tensor([[0.9, 0.0, 0.1, 0.0, 0.0],
+                      [0.25, 0.25, 0.0, 0.5, 0.0],
+                      [0.0, 0.6, 0.4, 0.0, 0.0]], dtype=torch.float64)
+    return z, t
+
+
+def _cross_entropy(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return -ag.ops.xlogy(t, torch.softmax(z, -1)).sum()
+
+
+def _kl_divergence(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    return (ag.ops.xlogy(t, t) - ag.ops.xlogy(t, torch.softmax(z, -1))).sum()
+
+
+def _eager_grad(loss: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def grad_of(z: torch.Tensor) -> torch.Tensor:
+        leaf = z.clone().requires_grad_()
+        loss(leaf).backward()
+        assert leaf.grad is not None
+        return leaf.grad
+    return grad_of
+
+
+@pytest.mark.parametrize("mode", ["eager", "grad", "jacrev", "jacfwd"])
+@pytest.mark.parametrize("loss", [_cross_entropy, _kl_divergence], ids=["cross-entropy", "kl"])
+def test_xlogy_losses_against_a_masked_softmax_have_gradient_p_minus_t(loss, mode) -> None:
+    # Each row of t sums to 1, so the gradient in the logits is softmax(z) - t: 0 at a masked class.
+    z, t = _masked_softmax_problem()
+    transforms = {"eager": _eager_grad, "grad": grad, "jacrev": jacrev, "jacfwd": jacfwd}
+    ours = transforms[mode](lambda a: loss(a, t))(z)
+    torch.testing.assert_close(ours, torch.softmax(z, -1) - t, rtol=0, atol=1e-15)
+
+
+def _verify_masked_cross_entropy(order: int, scope: str) -> dict[str, str]:
+    z, t = _masked_softmax_problem()
+    report = ag.verify(lambda a: _cross_entropy(a, t), z.requires_grad_(), order=order)
+    return {row.rule: row.status for row in report.rows if row.instance and row.scope == scope}
+
+
+_XLOGY_RULES_CONSISTENT = {"subgradient(log: (self == 0) & (grad == 0) -> 0)": "consistent",
+                           "subgradient(where [input 1]: condition -> grad)": "consistent"}
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_verify_finds_xlogys_rules_consistent_in_a_masked_cross_entropy(order) -> None:
+    assert _verify_masked_cross_entropy(order, "") == _XLOGY_RULES_CONSISTENT
+
+
+def test_verify_end_to_end_finds_xlogys_rules_consistent_in_a_masked_cross_entropy() -> None:
+    # An end-to-end row is shown only where it says otherwise than the group's own (consistent):
+    # finite differences along an unmasked logit are taken at the scale of the finite logits, not
+    # at the -inf of the masked ones (every step was infinite, every quotient 0).
+    assert _verify_masked_cross_entropy(1, "end to end") == {}
+
+
+@pytest.mark.parametrize("loss", [_cross_entropy, _kl_divergence], ids=["cross-entropy", "kl"])
+def test_xlogy_losses_against_a_masked_softmax_have_the_exact_hessian(loss) -> None:
+    # The Hessian in the logits is diag(p) - p p^T per row, 0 at masked classes: no warning.
+    z, t = _masked_softmax_problem()
+    p = torch.softmax(z, -1)
+    expected = torch.zeros(*z.shape, *z.shape, dtype=torch.float64)
+    for row in range(z.shape[0]):
+        expected[row, :, row, :] = torch.diag(p[row]) - torch.outer(p[row], p[row])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ag.SecondOrderWarning)
+        torch.testing.assert_close(hessian(lambda a: loss(a, t))(z), expected, rtol=0, atol=1e-15)
 
 
 def test_pow_second_derivative_at_a_zero_base() -> None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import networkx as nx
 import torch
 
 import autograd_groups as ag
+from autograd_groups.observe import tracer
+from conftest import line_of
 
 
 def points():
@@ -98,3 +102,33 @@ def test_boundary_between_two_groups_is_shared(cdist_example):
         second(first(x))
     a, b = t.instances
     assert b.inputs == a.outputs
+
+
+def test_hiding_one_threads_runs_leaves_another_threads_recorded() -> None:
+    # ag.verify hides its own runs of a group from the open sessions: in its thread only, and a
+    # session it opens inside records them.
+    double = ag.autograd_group("hidden_double")(lambda x: x * 2)
+    hiding, done = threading.Event(), threading.Event()
+    seen: list[list[str]] = []
+
+    def verifying() -> None:
+        with tracer.hidden():
+            double(torch.ones(1, requires_grad=True))
+            with ag.trace() as inner:
+                double(torch.ones(1, requires_grad=True))
+            seen.append([i.name for i in inner.instances])
+            hiding.set()
+            done.wait(30)
+
+    worker = threading.Thread(target=verifying)
+    with ag.trace() as t:
+        worker.start()
+        assert hiding.wait(30)
+        try:
+            double(torch.ones(1, requires_grad=True))  # main-thread-call
+        finally:
+            done.set()
+            worker.join()
+    # The outer session has the main thread's instance, made while the worker hid its own.
+    assert [i.where for i in t.instances] == [f"{__file__}:{line_of(__file__, '# main-thread-call')}"]
+    assert seen == [["hidden_double"]]

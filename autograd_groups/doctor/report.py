@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +76,15 @@ class Diagnosis:
                 "notes": self.notes}
 
     def __str__(self) -> str:
-        return "\n".join(self.lines())
+        return "\n".join(self.lines(shutil.get_terminal_size().columns))
 
-    def lines(self) -> list[str]:
-        """The report as the command prints it."""
+    def lines(self, width: int = 80) -> list[str]:
+        """The report as the command prints it, its prose wrapped at ``width`` columns (the lines of
+        code and of a diff are kept whole, as they must be copied)."""
+        return [wrapped for line in self._lines()
+                for wrapped in ([line[len(_CODE):]] if line.startswith(_CODE) else _wrap(line, width))]
+
+    def _lines(self) -> list[str]:
         if self.status == "clean":
             return [f"clean: {self.backward_calls} backward pass(es) watched, every loss and leaf "
                     "gradient finite", *(f"note: {n}" for n in self.notes)]
@@ -91,7 +98,7 @@ class Diagnosis:
                        f"{_where(born.file, born.line)} in {born.function}")
             source = _source(born.file, born.line)
             if source:
-                out.append(f"    {source}")
+                out.append(f"{_CODE}    {source}")
             shown = " ".join("[" + ",".join(map(str, i)) + "]" for i in born.indices)
             out.append(f"  {born.elements} of {born.total} elements non-finite: {shown}")
             if born.values:
@@ -106,11 +113,21 @@ class Diagnosis:
         for i, p in enumerate(self.proposals, 1):
             mark = "checked" if p.checked else "not checked"
             out.append(f"fix {i} ({p.kind}): {p.summary}")
-            out.extend(f"    {line}" for line in p.diff.splitlines())
+            out.extend(f"{_CODE}    {line}" for line in p.diff.splitlines())
             if p.kind != "advice":
                 out.append(f"    {mark}: {p.check}")
         out.extend(f"note: {n}" for n in self.notes)
         return out
+
+
+#: Marks a line of code or diff among the report's lines: printed whole, never wrapped.
+_CODE = "\0"
+
+
+def _wrap(line: str, width: int) -> list[str]:
+    indent = " " * (len(line) - len(line.lstrip()) + 2)
+    return textwrap.wrap(line, max(width, 40), subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False) or [line]
 
 
 def _where(file: str | None, line: int | None) -> str:

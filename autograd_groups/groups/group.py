@@ -18,7 +18,7 @@ from ..instance import GroupInstance
 from ..levels import graph_roots
 from ..rules import registry
 from ..rules.kinds import OverrideContext
-from ..sites import second_order, tangents
+from ..sites import forward_sites, second_order, tangents
 from . import compiled
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
 from .override import run_override
@@ -167,10 +167,14 @@ class autograd_group:
         defined = (code.co_filename, code.co_firstlineno) if code is not None else ("<unknown>", 0)
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
-                override: bool = True, call: second_order.Call | None = None) -> Any:
+                override: bool = True, call: second_order.Call | None = None,
+                body: Callable[..., Any] = fn) -> Any:
+            # ``body``: the group's function, or under forward mode one call of it that makes a
+            # rule site (sites/forward_sites.py), an instance of the group on its own.
             instance = open_instance(name, enabled, where)
             if instance is None:
-                return fn(*args, **kwargs)
+                return body(*args, **kwargs)
+            instance.part = body is not fn
             # The caller's arguments (under forward mode, ``args`` are the transpose's own copies,
             # which all require grad, and ``call`` is the caller's): what a check of a second
             # derivative re-runs the group on. For the check of a second derivative through a
@@ -183,9 +187,10 @@ class autograd_group:
             if instance.rules.override is not None and override:
                 named, inputs, arguments = _named_inputs(signature, args, kwargs)
                 return run_override(instance, fn, args, kwargs, inputs, named, arguments)
-            named = _named_inputs(signature, args, kwargs)[0] if instance.graph is not None else {}
+            named = _named_inputs(signature if body is fn else None, args, kwargs)[0] \
+                if instance.graph is not None else {}
             try:
-                out = fn(*args, **kwargs)
+                out = body(*args, **kwargs)
             except BaseException:
                 pop_instance(instance)
                 raise
@@ -221,9 +226,25 @@ class autograd_group:
                     # Kept here, at the caller's levels: inside the transpose its forward-mode
                     # levels are hidden, and with them which arguments carry a tangent.
                     kept = second_order.remember(fn, args, kwargs)
-                    return tangents.run(name, where, fn,
-                                        lambda a, k: run(a, k, enabled, where, override=False, call=kept),
-                                        args, kwargs, override, context)
+
+                    def whole() -> Any:
+                        return tangents.run(name, where, fn,
+                                            lambda a, k: run(a, k, enabled, where, override=False, call=kept),
+                                            args, kwargs, override, context)
+
+                    # A NaN-safe rule is a group policy, transposed whole; so is an override
+                    # under the reverse-mode transforms, and where its check fires. Otherwise a
+                    # group runs by its rule sites.
+                    rules = registry.ruleset(name)
+                    reverse_only = override is not None and not tangents.active(args, kwargs)
+                    if rules.nan_safe is not None or reverse_only:
+                        return whole()
+                    settled = None if override is None else functools.partial(
+                        tangents.declined, name, where, override, context, args, kwargs)
+                    return forward_sites.run(
+                        name, where, fn,
+                        lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, body=f),
+                        frozenset(rules.subgradients), args, kwargs, whole, settled)
             return run(args, kwargs, enabled, caller(2))
 
         def prepare_scriptable() -> Callable[..., Any]:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .. import compat, flag, host_reads
-from ..errors import RuleError
+from ..errors import RuleError, internal_error
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
@@ -125,7 +125,8 @@ def _where(fired: torch.Tensor, chosen: torch.Tensor | None,
         return None
     if chosen is None or automatic is None:
         present = chosen if chosen is not None else automatic
-        assert present is not None
+        if present is None:  # both None returned above
+            raise internal_error("an override's where() has neither gradient")
         chosen = torch.zeros_like(present) if chosen is None else chosen
         automatic = torch.zeros_like(present) if automatic is None else automatic
     return torch.where(fired, chosen, automatic)

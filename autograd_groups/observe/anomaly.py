@@ -15,9 +15,10 @@ of the group (a value made in it and used by no later op in it) is an error when
 closes, naming the op that first made it, with the user's line: no gradient rule can fix a forward
 value.
 
-The switch is process-wide (like trace sessions), because the backward runs on autograd's own
-threads, and it is read in the forward: instances created while it is on are checked whenever
-their backward runs. Wrap the forward pass (and the backward, for clarity) in the block.
+The switch is thread-local, as the special-cases flag is: a group instance reads it in the forward,
+when it is created, and keeps the decision, so the instances a thread creates while it is on are
+checked whatever thread the autograd engine runs their backward on, and other threads' instances
+are not. Wrap the forward pass (and the backward, for clarity) in the block.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import contextlib
 import linecache
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -35,31 +36,44 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .. import compat, nodes
 from ..claims import CLAIM
-from ..errors import NonFiniteError
+from ..decorating import decorate
+from ..errors import NonFiniteError, internal_error
 from ..frames import user_frame
 from ..instance import GroupInstance
 
-_lock = threading.Lock()
-_depth = 0
-_forward_depth = 0
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Depths(threading.local):
+    """This thread's open ``detect_nonfinite()`` blocks: all of them, and those that check the forward."""
+
+    depth = 0
+    forward = 0
+
+
+_depths = _Depths()
 
 
 def active() -> bool:
-    """Whether a ``detect_nonfinite()`` block is open in any thread."""
-    return _depth > 0
+    """Whether a ``detect_nonfinite()`` block is open in this thread (read when a group instance is
+    created, and kept in it)."""
+    return _depths.depth > 0
 
 
 def forward_active() -> bool:
-    """Whether a ``detect_nonfinite()`` block that checks the forward is open in any thread."""
-    return _forward_depth > 0
+    """Whether a ``detect_nonfinite()`` block that checks the forward is open in this thread."""
+    return _depths.forward > 0
 
 
-@contextlib.contextmanager
-def detect_nonfinite(forward: bool = True) -> Iterator[None]:
+class detect_nonfinite:
     """Raise :class:`~autograd_groups.NonFiniteError` when an op inside a group produces a
     non-finite gradient, naming the group instance, the op and the line that created the group;
     with ``forward`` (the default), also when an op of a group makes a non-finite value in the
     forward pass from inputs that had none, naming the op's line.
+
+    A context manager, and a decorator: a decorated generator function is checked while its body
+    runs, at each resume of the generator (as ``torch.no_grad`` decorates one). It watches the
+    groups this thread creates (see the module's docstring).
 
     >>> import torch, autograd_groups as ag
     >>> @ag.autograd_group("root")
@@ -70,32 +84,34 @@ def detect_nonfinite(forward: bool = True) -> Iterator[None]:
     Traceback (most recent call last):
     autograd_groups.errors.NonFiniteError: non-finite gradient in group 'root' (created at ...): op sqrt ...
     """
-    global _depth, _forward_depth
-    with _lock:
-        _depth += 1
-        _forward_depth += forward
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            _forward_depth -= forward
+
+    def __init__(self, forward: bool = True) -> None:
+        self.forward = bool(forward)
+
+    def __enter__(self) -> None:
+        _depths.depth += 1
+        _depths.forward += self.forward
+
+    def __exit__(self, *exc: object) -> None:
+        _depths.depth -= 1
+        _depths.forward -= self.forward
+
+    def __call__(self, fn: F) -> F:
+        return decorate(lambda: detect_nonfinite(self.forward), fn)
 
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
-    """Inside the block, ``detect_nonfinite()`` checks nothing: ``ag.verify`` samples the plain
-    composite near special points on purpose, where it is not finite."""
-    global _depth, _forward_depth
-    with _lock:
-        depth, forward = _depth, _forward_depth
-        _depth = _forward_depth = 0
+    """Inside the block, ``detect_nonfinite()`` checks nothing this thread creates: ``ag.verify``
+    samples the plain composite near special points on purpose, where it is not finite. Other
+    threads' blocks go on checking theirs."""
+    depth, forward = _depths.depth, _depths.forward
+    _depths.depth = _depths.forward = 0
     try:
         yield
     finally:
-        with _lock:
-            _depth += depth
-            _forward_depth += forward
+        _depths.depth += depth
+        _depths.forward += forward
 
 
 def _finite(grad: torch.Tensor | None) -> bool:
@@ -118,7 +134,8 @@ class NonFiniteCheck:
         if bad is None or not all(_finite(g) for g in grad_outputs):
             return
         grad = grad_inputs[bad]
-        assert grad is not None
+        if grad is None:  # _finite(None) is True: never picked
+            raise internal_error(f"NonFiniteCheck picked gradient {bad} of op {self.op}, which is None")
         count = int((~torch.isfinite(grad)).sum())
         inst = self.instance
         named = f"instance {inst.id}, " if inst.id != inst.name else ""

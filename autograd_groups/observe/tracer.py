@@ -106,13 +106,26 @@ class Trace:
         return mimebundle(self.instances)
 
 
-_sessions: list[Trace | None] = []  # None: a hidden() block, which no session sees
+_sessions: list[Trace] = []
 _sessions_lock = threading.Lock()
 
 
+class _Hidden(threading.local):
+    """The sessions that this thread's open :func:`hidden` blocks hide from it."""
+
+    sessions: frozenset[Trace] = frozenset()
+
+
+_hidden = _Hidden()
+
+
 def active() -> Trace | None:
-    """The innermost open trace session, if any (sessions are process-wide)."""
-    return _sessions[-1] if _sessions else None
+    """The innermost open trace session, if any (sessions are process-wide), leaving out those that
+    were open when this thread entered a :func:`hidden` block it is still in."""
+    if not _sessions:
+        return None
+    hidden = _hidden.sessions
+    return next((s for s in reversed(_sessions) if s not in hidden), None) if hidden else _sessions[-1]
 
 
 @contextlib.contextmanager
@@ -146,9 +159,10 @@ def trace() -> Iterator[Trace]:
 
 @contextlib.contextmanager
 def hidden() -> Iterator[None]:
-    """Inside the block, no open trace session records the instances created (``ag.verify``'s and
-    the second-order check's own runs of a group are not the user's: ``viz`` and ``stats`` under
-    the command line show the script's instances only).
+    """Inside the block, no trace session open at its start records the instances this thread
+    creates (``ag.verify``'s and the second-order check's own runs of a group are not the user's:
+    ``viz`` and ``stats`` under the command line show the script's instances only); other threads'
+    instances go on being recorded, and a session opened inside the block records as usual.
 
     >>> import torch, autograd_groups as ag
     >>> double = ag.autograd_group("double")(lambda x: x * 2)
@@ -158,13 +172,13 @@ def hidden() -> Iterator[None]:
     >>> t.instances
     []
     """
+    before = _hidden.sessions
     with _sessions_lock:
-        _sessions.append(None)
+        _hidden.sessions = before.union(_sessions)
     try:
         yield
     finally:
-        with _sessions_lock:
-            _sessions.remove(None)
+        _hidden.sessions = before
 
 
 def leaf_tensor(node: Any) -> torch.Tensor | None:

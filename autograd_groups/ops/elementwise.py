@@ -206,11 +206,15 @@ def atan2_gradients(ctx: OverrideContext, grad: torch.Tensor) -> tuple[torch.Ten
 def xlogy(input: Operand, other: Operand) -> torch.Tensor:
     """``torch.xlogy``: ``input * log(other)``, and 0 where ``input == 0`` (unless ``other`` is NaN).
 
+    Since ``xlogy(0, other)`` is 0 for every ``other``, ``other``'s gradient is 0 where ``input == 0``,
+    ``other == 0`` included, where ``torch.xlogy``'s is ``0 / 0`` (documentation: "Built-in ops").
+
     >>> import torch, autograd_groups as ag
     >>> x = torch.tensor([0.0, 2.0], requires_grad=True)
-    >>> ag.ops.xlogy(x, torch.tensor([0.0, 2.0])).sum().backward()
-    >>> x.grad
-    tensor([0.0000, 0.6931])
+    >>> y = torch.tensor([0.0, 2.0], requires_grad=True)
+    >>> ag.ops.xlogy(x, y).sum().backward()
+    >>> x.grad, y.grad
+    (tensor([0.0000, 0.6931]), tensor([0., 1.]))
     """
     x, y = _tensors(input, other)
     if x.shape != y.shape:
@@ -220,7 +224,8 @@ def xlogy(input: Operand, other: Operand) -> torch.Tensor:
     if y.requires_grad:
         # y's gradient, x / y, is itself differentiated in x (grad / y at x = 0): the product keeps
         # its gradient behind the select (the where rule), and the mul rule, reading the x the
-        # product saves for y's gradient, sets x's gradient there to 0.
+        # product saves for y's gradient, sets x's gradient there to 0. At y = 0 the log rule
+        # sets y's gradient, grad * x / y = 0 / 0 where x = 0, to 0.
         return torch.where(undefined, 0.0, x * torch.log(y))
     # Autograd keeps no x when y needs no gradient, but no rule is needed: the select before the
     # product gives x's gradient, log(y) or 0. The mul rule's input 0 is log(y), which needs none.

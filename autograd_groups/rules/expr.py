@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..errors import ExpressionError
+from ..errors import ExpressionError, internal_error
 
 MAX_LENGTH = 2_000
 MAX_DEPTH = 40
@@ -305,7 +305,8 @@ def _describe(node: ast.AST) -> tuple[str, str]:
             compare, left, right = _FLIPPED[compare], right, left
         keys = [_describe(left)[0], _describe(right)[0]]
         return f"({compare.__name__} {' '.join(sorted(keys) if compare in _COMMUTATIVE else keys)})", BOOL
-    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):  # the parser allows no other
+        raise internal_error(f"a validated expression holds a {type(node).__name__} node")
     args = [_describe(a) for a in node.args]
     name = node.func.id
     if name in _CONDITIONS or (name == "where" and len(args) == 3 and args[1][1] == args[2][1] == BOOL):

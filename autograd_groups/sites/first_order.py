@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .. import compat, host_reads
-from ..errors import FirstOrderWarning
+from ..errors import FirstOrderWarning, internal_error
 from ..instance import GroupInstance
 from ..rules.kinds import NanSafe, Subgradient
 from . import second_order
@@ -92,7 +92,8 @@ def wanted(instance: GroupInstance) -> bool:
 
 
 def _builtin(instance: GroupInstance) -> bool:
-    assert instance.call is not None
+    if instance.call is None:
+        raise internal_error(f"group instance {instance.id} was checked without the call that made it")
     module = getattr(instance.call[0](), "__module__", "") or ""
     if module.startswith("autograd_groups."):
         with _lock:

@@ -15,11 +15,11 @@ import torch
 from torch.utils.checkpoint import CheckpointError
 
 from .. import compat, flag, host_reads, levels, nodes
-from ..errors import RuleError
+from ..errors import RuleError, internal_error
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import NanSafe, Subgradient
-from ..zero_passing import passes_zeros
+from ..zero_passing import ZERO_FACTORS, passes_zeros
 from . import first_order, saved, second_order
 
 Grads = list[torch.Tensor | None]
@@ -176,7 +176,9 @@ def _check_shape(rule: Subgradient, site: SiteHook, what: str, shape: torch.Size
     elements the condition was not computed for.
     """
     target = grads[i]
-    assert target is not None
+    if target is None:
+        raise internal_error(f"a rule site of op {site.op} filled gradient {i}, which its node did not "
+                             "pass on")
     inputs = {g.shape for g in grads if g is not None}
     inputs.update(v.shape for name, v in env.items() if name != "grad" and isinstance(v, torch.Tensor))
     if shape in inputs and _fits(shape, target.shape):
@@ -291,7 +293,26 @@ def apply_nan_safe(site: SiteHook, node: Any | None, grads: Grads,
         changed.append(fix)
         _protect_formula(site.instance, node, grad, grad_outputs)
         grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+    if site.factors and node is not None:
+        _zero_factors(site, node, grads, grad_outputs, changed)
     return changed
+
+
+def _zero_factors(site: SiteHook, node: Any, grads: Grads, grad_outputs: Sequence[torch.Tensor | None],
+                  changed: list[torch.Tensor]) -> None:
+    """Zero each gradient of a product where its factor ``site.factors`` names is exactly zero
+    (``t / p`` of ``xlogy(t, p)`` at ``t = p = 0``): the product is 0 there, ``0 · ∞`` included.
+    Only where the factor has the gradient's shape or broadcasts to it; a gradient summed over a
+    factor's broadcast dimensions is not elementwise in it."""
+    for i, name in site.factors:
+        grad = grads[i] if i < len(grads) else None
+        factor = compat.saved_value(node, name, None)
+        if grad is None or not isinstance(factor, torch.Tensor) or not _fits(factor.shape, grad.shape):
+            continue
+        fix = (factor == 0) & (grad != 0)
+        changed.append(fix)
+        _protect_formula(site.instance, node, grad, grad_outputs)
+        grads[i] = torch.where(fix, torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
 
 
 def _counted(masks: list[torch.Tensor]) -> int | None:
@@ -353,7 +374,7 @@ class SiteHook:
     """
 
     __slots__ = ("instance", "subgradients", "nan_safe", "rules", "vertex", "index", "node_class",
-                 "elementwise", "captured", "zeroed")
+                 "elementwise", "captured", "zeroed", "factors")
 
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any,
@@ -373,6 +394,8 @@ class SiteHook:
         self.vertex = vertex
         self.node_class: type = type(node)
         self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
+        #: A NaN-safe product's gradients that an exactly zero factor makes 0 (ZERO_FACTORS).
+        self.factors = ZERO_FACTORS.get(self.node_class.__name__, ()) if nan_safe is not None else ()
         self.captured = capture(node, subgradients) if subgradients else {}
 
     @property
@@ -397,7 +420,7 @@ class SiteHook:
         # Its gradients are plain tensors, which a rule may read and fill in place. Until a user's
         # rule has fired at this call site, what it changed is looked at (first_order.py).
         look = self.nan_safe is not _FORMULA and first_order.wanted(instance)
-        node = compat.current_autograd_node() if self.subgradients else None
+        node = compat.current_autograd_node() if self.subgradients or self.factors else None
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, True)
             if look:
@@ -417,7 +440,8 @@ class SiteHook:
         graphed = torch.is_grad_enabled()
         if counted:
             # A NaN-safe site reads the node only for the formula a second derivative goes through.
-            node: Any = compat.current_autograd_node() if self.subgradients or graphed else None
+            read = self.subgradients or self.factors or graphed
+            node: Any = compat.current_autograd_node() if read else None
         else:
             counters.count_compiled(instance.name)
             # Compiled autograd traces the hook with Dynamo, without the node (see capture).
@@ -433,16 +457,19 @@ class SiteHook:
         # Whether to look at what the rules changed, for the first-order check (first_order.py).
         look = eager and self.nan_safe is not _FORMULA and first_order.wanted(instance)
         ran: list[tuple[Subgradient | NanSafe, list[torch.Tensor]]] = []
+        # A rule-site call of a group under forward mode is its own instance: its members' places
+        # are not the whole group's, whose call a check re-runs (at all of the rule's sites).
+        index = None if instance.part else self.index
         for rule in self.subgradients:
             mask = apply_subgradient(rule, self, node, grads, grad_outputs, plain)
             ran.append((rule, [mask]))
             if second:
-                second_order.tell(instance, self.op, rule, [mask], self.index)
+                second_order.tell(instance, self.op, rule, [mask], index)
         if self.nan_safe is not None:
             masks = apply_nan_safe(self, node, grads, grad_outputs, traced or look, plain)
             ran.append((self.nan_safe, masks))
             if second and self.nan_safe is not _FORMULA:
-                second_order.tell(instance, self.op, self.nan_safe, masks, self.index)
+                second_order.tell(instance, self.op, self.nan_safe, masks, index)
         if counted:
             self._count(ran, traced)
         if look:  # after the rules ran and were counted: the check runs the group again

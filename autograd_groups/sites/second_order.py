@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from .. import compat, levels
-from ..errors import SecondOrderWarning
+from ..errors import SecondOrderWarning, internal_error
 from ..instance import GroupInstance
 from ..rules.kinds import NanSafe, Subgradient
 
@@ -228,7 +228,8 @@ def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elem
 
 def _advice(instance: GroupInstance) -> str:
     """What the user can do: a built-in's own rules are not theirs to change."""
-    assert instance.call is not None
+    if instance.call is None:
+        raise internal_error(f"the second-order check of group instance {instance.id} has no call to name")
     module = getattr(instance.call[0](), "__module__", "") or ""
     if module.startswith("autograd_groups.ops"):
         kernel = (" (a kernel of a distance in the squared distance, e.g. exp(-d2 / (2 * l**2)) with "

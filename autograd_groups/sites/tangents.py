@@ -1,17 +1,18 @@
-"""Forward mode (``jvp``, ``jacfwd``, ``forward_ad``): a group's tangents are the transpose of its
-rule-corrected reverse mode.
+"""Forward mode (``jvp``, ``jacfwd``, ``forward_ad``): tangents as the transpose of rule-corrected
+reverse mode, for one rule-site call of a group (:mod:`~autograd_groups.sites.forward_sites`) or for
+a whole group (a NaN-safe one, an override that fires, a group that nests another with rules).
 
 A forward-mode pass computes ``J·t`` op by op while the forward runs, long before any backward hook
 could act, and a tangent that crosses a singular op is already NaN. Instead of a second realisation
-of every rule on tangents, a group with rules runs under forward mode as one ``autograd.Function``
-whose ``jvp`` is the transpose of the group's own vjp, rules and all::
+of every rule on tangents, such a call runs under forward mode as one ``autograd.Function`` whose
+``jvp`` is the transpose of its own vjp, rules and all::
 
     J·t = ∇_u ⟨vjp(u), t⟩        (the vjp with the group's rules, taken at u = 1)
 
 ``vjp`` is linear in ``u``, so the gradient is the same at every ``u``; ``u = 1`` is the piece where
 no output's cotangent is zero, which a NaN-safe rule would otherwise treat as "nothing flows". So
-``jacfwd`` equals ``jacrev`` by construction, for every kind of rule, and an exactly zero tangent
-stays zero wherever the double backward is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
+``jacfwd`` equals ``jacrev`` wherever the double backward of the call's ops is defined, and an
+exactly zero tangent stays zero wherever it is NaN-safe. A rule whose ``grad`` is not linear in ``grad``
 has no transpose: :mod:`~autograd_groups.sites.hooks` refuses it while a group is transposed. An
 override's vjp is ``where(check, replacement(u), automatic(u))``, built here from the rule's two
 functions, since the override's own ``autograd.Function`` cannot run under ``torch.func``: for that
@@ -64,6 +65,7 @@ class _Local(threading.local):
     #: The torch.func grad levels that differentiate a vjp in its cotangent alone, to transpose it:
     #: a derivative that is linear, not a second derivative.
     linear: frozenset[int] = frozenset()
+    sites = 0  # how many groups this thread runs by their sites (sites/forward_sites.py)
 
 
 _local = _Local()
@@ -98,6 +100,25 @@ def _decided(answer: Any) -> bool | torch.Tensor:
         return answer
 
 
+def declined(name: str, where: tuple[str, int], rule: Override, context: Context, args: tuple[Any, ...],
+             kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether override ``rule`` of a call of group ``name`` certainly does not fire on its values
+    ``out``: its check answers False as a Python bool (counted as a check that did not fire). Not
+    where it fires, answers with a vmap batch, raises (the transposed route says why) or the group
+    returns something else than tensors."""
+    outputs = (out,) if isinstance(out, torch.Tensor) else out
+    if not isinstance(outputs, tuple) or not all(isinstance(o, torch.Tensor) for o in outputs):
+        return False
+    try:
+        answer = rule.check(context(args, kwargs, tuple(o.detach() for o in outputs)))
+    except Exception:
+        return False
+    if _decided(answer) is not False:
+        return False
+    counters.count_rule(name, where, rule.label, rule.kind, fired=False)
+    return True
+
+
 def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> bool:
     """Whether a call of a group with rules runs as one ``_Transposed`` op: under forward mode, or,
     for a group with an override, under any ``torch.func`` transform, where the override's own
@@ -111,7 +132,24 @@ def wanted(args: tuple[Any, ...], kwargs: dict[str, Any], override: bool) -> boo
         return False
     if running():
         return False
+    if _local.sites:  # its tangents are its own: the enclosing group's whole vjp is transposed
+        raise Nested()
     return (override and peek_interpreter_stack() is not None) or active(args, kwargs)
+
+
+class Nested(GroupError):
+    """A group with rules (or a ``with`` block or ``tag()`` with rules) was called inside a group
+    that runs by its rule sites: that group must run as the transpose of its whole vjp instead."""
+
+
+@contextmanager
+def by_sites() -> Iterator[None]:
+    """The block runs a group by its rule sites (sites/forward_sites.py)."""
+    _local.sites += 1
+    try:
+        yield
+    finally:
+        _local.sites -= 1
 
 
 def running() -> bool:
@@ -146,11 +184,13 @@ def transposing() -> bool:
 def _inside(transposing: bool = False) -> Iterator[None]:
     _local.inside += 1
     _local.depth += transposing
+    sites, _local.sites = _local.sites, 0
     try:
         yield
     finally:
         _local.inside -= 1
         _local.depth -= transposing
+        _local.sites = sites
 
 
 #: ``(args, kwargs, outputs) -> OverrideContext``: what an override sees of a call.
@@ -227,7 +267,7 @@ class _Call:
             counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)
         if fired is False:
             return automatic
-        if any(_varies(x) for x in inputs):
+        if any(varies(x) for x in inputs):
             # What differentiates the replacement must see the outputs differentiable through the
             # override, as a custom Function's saved outputs are, not through the chain it avoids
             # (one more forward, only where the override fired).
@@ -266,9 +306,24 @@ class _Derivative:
 
 def _reverse(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
              cotangents: tuple[torch.Tensor, ...]) -> tuple[Any, tuple[Any, ...]]:
-    """``fn(*inputs)`` and its vjp for output ``cotangents``, by torch.func."""
-    out, vjp_fn = torch.func.vjp(fn, *inputs)[:2]
-    return out, vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents)
+    """``fn(*inputs)`` and its vjp for output ``cotangents``, by torch.func (None for an input that
+    is not floating: a rule site's condition, passed in only because it is a torch.func tensor)."""
+    picked = [i for i, x in enumerate(inputs) if differentiable(x)]
+
+    def of_picked(*xs: torch.Tensor) -> Any:
+        values = list(inputs)
+        for i, x in zip(picked, xs):
+            values[i] = x
+        return fn(*values)
+
+    out, vjp_fn = torch.func.vjp(of_picked, *(inputs[i] for i in picked))[:2]
+    found = iter(vjp_fn(cotangents[0] if isinstance(out, torch.Tensor) else cotangents))
+    return out, tuple(next(found) if differentiable(x) else None for x in inputs)
+
+
+def differentiable(t: torch.Tensor) -> bool:
+    """Whether ``t`` can carry a gradient or a tangent: a floating or complex tensor."""
+    return t.is_floating_point() or t.is_complex()
 
 
 def _derivative(op: _Call | _Derivative, fn: Callable[..., Any], tensors: tuple[torch.Tensor | None, ...],
@@ -277,7 +332,7 @@ def _derivative(op: _Call | _Derivative, fn: Callable[..., Any], tensors: tuple[
     forward-mode level will ``differentiate`` it, with the tensors that vary as its inputs."""
     if not differentiated:
         return fn(*tensors)
-    varying = [i for i, t in enumerate(tensors) if t is not None and _varies(t)]
+    varying = [i for i, t in enumerate(tensors) if t is not None and varies(t)]
 
     def of_varying(*picked: torch.Tensor) -> Any:
         values = list(tensors)
@@ -367,10 +422,12 @@ class _Transposed(torch.autograd.Function):
 
         def gradients(*values: torch.Tensor) -> tuple[torch.Tensor, ...]:
             found = call.vjp(values[:len(inputs)], values[len(inputs):])
-            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs))
+            return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(found, inputs)
+                         if differentiable(x))
 
         with _inside():
-            return (None, *_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
+            found = iter(_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
+        return (None, *(next(found) if differentiable(x) else None for x in inputs))
 
 
 def _at(where: tuple[str, int]) -> str:
@@ -384,13 +441,15 @@ def run(name: str, where: tuple[str, int], plain: Callable[..., Any], ruled: Cal
     see ``context(args, kwargs, outputs)``; tangents and gradients flow through the group's rules
     (see the module's docstring)."""
     flat, spec = tree_flatten((args, kwargs))
+    # A tensor that cannot carry a tangent (a mask, indices) is an input too, without one: vmap's
+    # rule for the op's forward crashes on one it did not pass in (masked_fill, torch 2.13).
     positions = [i for i, v in enumerate(flat)
-                 if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()) and _varies(v)]
+                 if isinstance(v, torch.Tensor) and (varies(v) or not differentiable(v))]
     call = _Call(name, where, plain, ruled, flat, spec, positions, override, context)
     return _Transposed.apply(call, *(flat[i] for i in positions))
 
 
-def _varies(t: torch.Tensor) -> bool:
+def varies(t: torch.Tensor) -> bool:
     """Whether derivatives may flow through ``t``: a tensor of a ``torch.func`` transform, a dual
     tensor, or one that requires grad. Any other is a constant of the call: as an input of the
     Function, functorch would give it a zero tangent, and ``0 * inf`` (``x / y`` of xlogy at
@@ -405,7 +464,10 @@ def _dual(t: torch.Tensor) -> bool:
 
 def refuse_block(name: str, where: tuple[str, int], form: str) -> GroupError:
     """The error for a ``with`` block or ``tag()`` of a group with rules under forward mode: there
-    is no function boundary to transpose."""
+    is no function boundary to transpose (inside a group that runs by its rule sites, that group's
+    whole vjp is transposed instead)."""
+    if _local.sites:
+        return Nested()
     return GroupError(
         f"group {name!r} (at {_at(where)}) has rules and runs under forward-mode AD (jvp, jacfwd, "
         f"hessian, forward_ad), whose tangents it can only correct for a whole function: {form} has "

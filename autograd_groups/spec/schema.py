@@ -20,7 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from .. import nodes
-from ..errors import ExpressionError, RuleError
+from ..errors import ExpressionError, RuleError, internal_error
 from ..rules import expr, registry
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient, input_problem
 from .document import Document, describe, scalar
@@ -94,7 +94,8 @@ class _Checker:
             rules = self._special_cases(fields["special_cases"], parsed.name if parsed else "?")
         if parsed is None or signature is None:
             return None
-        assert isinstance(fields["name"], yaml.ScalarNode)
+        if not isinstance(fields["name"], yaml.ScalarNode):  # parsed from it above
+            raise internal_error(f"group entry 'name' parsed, but it is a {type(fields['name']).__name__}")
         position, _ = self.doc.inner(fields["name"], 1 + len(signature) - len(signature.lstrip()))
         return SpecGroup(parsed.name, " ".join(signature.split()), parsed.params, parsed.returns, doc or "",
                          tuple(rule for rule, _ in rules), _text((self.doc.file, *position)),

@@ -322,7 +322,9 @@ class Probe:
             local -= self.point.inputs[which].numel()
             which += 1
         x = self.point.inputs[which]
-        scale = max(1.0, float(x.abs().max()))
+        # The scale of the input's finite entries: a -inf mask in it must not make every step infinite.
+        finite = x[torch.isfinite(x)]
+        scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
         found = torch.full((2, len(limits.DIFFERENCE_STEPS)), math.nan, dtype=torch.float64)
         for side, sign in enumerate((1.0, -1.0)):
             for j, step in enumerate(limits.DIFFERENCE_STEPS):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from .. import compat, levels
+from ..errors import internal_error
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
@@ -104,7 +105,8 @@ def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | 
              order: int) -> Row | Verdict:
     """``ag.verify``'s row for ``rule`` at ``instance``'s own call, at ``order``; a verdict where
     there is nothing to check."""
-    assert instance.call is not None
+    if instance.call is None:
+        raise internal_error(f"group instance {instance.id} was checked without the call that made it")
     function, args, kwargs, wanted = instance.call
     fn = function()
     if fn is None:

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from types import ModuleType
 
-from ..errors import GroupError
+from ..errors import GroupError, internal_error
 
 INSTALL_HINT = ("to draw pictures, `pip install 'autograd-groups[viz]'` (pygraphviz, which bundles "
                 "Graphviz) or install Graphviz's `dot`: `apt-get install graphviz` (Debian/Ubuntu), "
@@ -66,7 +66,8 @@ def render_dot(source: str, fmt: str) -> bytes:
                                f"program on PATH is installed; {INSTALL_HINT}")
     if way == PYGRAPHVIZ:
         module = _pygraphviz()
-        assert module is not None
+        if module is None:  # renderer() found it
+            raise internal_error("renderer() chose pygraphviz, which does not import")
         try:
             drawn: bytes = module.AGraph(string=source).draw(format=fmt, prog="dot")
         except (ValueError, TypeError) as e:
