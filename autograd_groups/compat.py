@@ -32,13 +32,15 @@ __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
-    "is_batchedtensor",
+    "input_metadata", "is_batchedtensor",
     "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
-    "maybe_get_level", "nonstrict_trace", "peek_interpreter_stack", "pop_saved_tensors_hooks",
-    "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "sequence_nr",
+    "maybe_get_level", "node_sequence_nr", "nonstrict_trace", "op_schema", "peek_interpreter_stack",
+    "pop_saved_tensors_hooks",
+    "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "saved_attribute",
+    "saved_names_of_class", "saved_value", "saves_as_tensor", "sequence_nr",
     "set_fwd_grad_enabled", "stash_in_engine_tls", "stashed_in_engine_tls",
     "temporarily_clear_interpreter_stack", "top_saved_tensors_hooks", "tree_flatten", "tree_unflatten",
-    "unstash_from_engine_tls",
+    "unstash_from_engine_tls", "view_base",
 ]
 
 
@@ -384,6 +386,110 @@ def formula_parent(node: Any) -> Any:
     """
     metadata = getattr(node, "metadata", None)
     return metadata.get("parent_") if isinstance(metadata, dict) else None
+
+
+# Private members of torch's objects: what an autograd node saved (``_saved_<name>``, and for a
+# tensor ``_raw_saved_<name>`` beside it), its creation order and input metadata, an op overload's
+# schema, a view's base. Not found at import: they live on instances and generated classes, and a
+# release that renames one fails the feature that reads it with an AttributeError from here.
+_SAVED, _RAW_SAVED = "_saved_", "_raw_saved_"
+_NO_DEFAULT: Any = object()
+
+
+def saved_attribute(name: str) -> str:
+    """The attribute under which an autograd node keeps the value it saved as ``name`` (the name
+    ``derivatives.yaml`` gives it), for a caller that reads it often with ``getattr``.
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> getattr(x.exp().grad_fn, saved_attribute("result")).tolist()
+    [2.7182817459106445, 2.7182817459106445]
+    """
+    return _SAVED + name
+
+
+def saved_value(node: Any, name: str, default: Any = _NO_DEFAULT) -> Any:
+    """The value ``node`` saved as ``name``; ``default`` where its class saves none by that name
+    (without a default: AttributeError).
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> saved_value((x ** 3).grad_fn, "exponent"), saved_value(x.exp().grad_fn, "exponent", None)
+    (3, None)
+    """
+    if default is _NO_DEFAULT:
+        return getattr(node, _SAVED + name)
+    return getattr(node, _SAVED + name, default)
+
+
+_saved_by_class: dict[type, tuple[str, ...]] = {}
+
+
+def saved_names_of_class(cls: type) -> tuple[str, ...]:
+    """The names of the values an autograd node class saves, sorted.
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> saved_names_of_class(type(x.pow(3).grad_fn))
+    ('exponent', 'self')
+    """
+    saved = _saved_by_class.get(cls)
+    if saved is None:
+        saved = _saved_by_class[cls] = tuple(sorted(
+            a[len(_SAVED):] for a in dir(cls) if a.startswith(_SAVED)))
+    return saved
+
+
+def saves_as_tensor(owner: Any, name: str) -> bool:
+    """Whether an autograd node, or its class, keeps its saved value ``name`` as a tensor (which a
+    backward frees, and which may be left empty when no gradient needs it) rather than a number.
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> node = x.pow(3).grad_fn
+    >>> saves_as_tensor(node, "self"), saves_as_tensor(type(node), "exponent")
+    (True, False)
+    """
+    return hasattr(owner, _RAW_SAVED + name)
+
+
+def node_sequence_nr(node: Any) -> int:
+    """The order in which autograd created ``node`` (its ``_sequence_nr``), comparable with
+    :data:`sequence_nr` read before.
+
+    >>> start = sequence_nr()
+    >>> node_sequence_nr(torch.ones(1, requires_grad=True).exp().grad_fn) >= start
+    True
+    """
+    return int(node._sequence_nr())
+
+
+def input_metadata(node: Any) -> Any:
+    """What ``node`` knows of the gradients it receives, one entry per output of its forward (each
+    with a ``shape`` and a ``dtype``).
+
+    >>> x = torch.ones(2, 3, requires_grad=True)
+    >>> [tuple(m.shape) for m in input_metadata(x.exp().grad_fn)]
+    [(2, 3)]
+    """
+    return node._input_metadata
+
+
+def op_schema(overload: Any) -> Any:
+    """The ``FunctionSchema`` of an ATen op overload (its ``arguments``, each with a ``name`` and a
+    ``type``).
+
+    >>> [a.name for a in op_schema(torch.ops.aten.pow.Tensor_Scalar).arguments]
+    ['self', 'exponent']
+    """
+    return overload._schema
+
+
+def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
+    """The tensor that ``tensor`` is a view of, or None where it is no view.
+
+    >>> x = torch.zeros(4)
+    >>> view_base(x[1:]) is x, view_base(x)
+    (True, None)
+    """
+    base: torch.Tensor | None = tensor._base
+    return base
 
 
 #: One fused norm of a list of tensors (the doctor's trigger reads it once per backward); None where

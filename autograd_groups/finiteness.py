@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from . import zero_passing
+from . import compat, zero_passing
 from .claims import CLAIM
 from .sites import saved
 
@@ -79,7 +79,7 @@ _KEPT = 1024
 
 
 def _exponent(node: Any) -> float | None:
-    value = getattr(node, "_saved_exponent", None)
+    value = compat.saved_value(node, "exponent", None)
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -93,7 +93,7 @@ def _divides_safely(node: Any) -> bool:
     if node.next_functions[1][0] is not None or not saved.readable():
         # A compiler's tensors are fake, and saved-tensor hooks would unpack (checkpoint: recompute).
         return False
-    value = node._saved_other
+    value = compat.saved_value(node, "other")
     # A Python number divisor is saved as a 0-dim CPU tensor beside tensors on any device: reading
     # it makes no device wait, so it is read with host reads off too (what a GPU runs).
     return (type(value) is torch.Tensor and value.dim() == 0 and value.is_cpu

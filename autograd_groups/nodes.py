@@ -58,7 +58,7 @@ def _schema_facts(name: str) -> tuple[bool, int | None]:
     overloads = [getattr(packet, o) for o in packet.overloads()]
     counts: list[int] = []
     for overload in overloads:
-        types = [str(a.type) for a in overload._schema.arguments if not a.is_out]
+        types = [str(a.type) for a in compat.op_schema(overload).arguments if not a.is_out]
         if any("List[" in t and "Tensor" in t for t in types):
             return any(torch.Tag.pointwise in o.tags for o in overloads), None
         counts.append(sum(t in ("Tensor", "Optional[Tensor]") for t in types))
@@ -92,7 +92,8 @@ def op_info(key: str) -> OpInfo | None:
     if found is None:
         return None
     name, classes = found
-    return OpInfo(name, frozenset(s for cls in classes for s in _saved_of_class(cls)), *_schema_facts(name))
+    saved = frozenset(s for cls in classes for s in compat.saved_names_of_class(cls))
+    return OpInfo(name, saved, *_schema_facts(name))
 
 
 def resolve_op(op: str) -> OpInfo:
@@ -155,17 +156,6 @@ def is_pointwise_class(node_class: type) -> bool:
     return found
 
 
-_saved_by_class: dict[type, tuple[str, ...]] = {}
-
-
-def _saved_of_class(cls: type) -> tuple[str, ...]:
-    saved = _saved_by_class.get(cls)
-    if saved is None:
-        saved = _saved_by_class[cls] = tuple(sorted(
-            a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")))
-    return saved
-
-
 def saved_names(node: object) -> tuple[str, ...]:
     """The names of the values this node's class saves, as ``derivatives.yaml`` spells them."""
-    return _saved_of_class(type(node))
+    return compat.saved_names_of_class(type(node))

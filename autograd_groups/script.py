@@ -71,6 +71,15 @@ def run_script(path: str, args: list[str], source: str | None = None,
     return Exit(0)
 
 
+def run_flushed(path: str, args: list[str]) -> Exit:
+    """:func:`run_script`, with stdout flushed before and after, so that a command's own output and
+    the script's come out in the order they were printed."""
+    sys.stdout.flush()
+    code = run_script(path, args)
+    sys.stdout.flush()
+    return code
+
+
 def script_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``SCRIPT.py`` and the script's own arguments (after ``--``) to a command's parser."""
     parser.add_argument("script", metavar="SCRIPT.py")

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from . import host_reads, nodes
+from . import compat, host_reads, nodes
 
 #: Ops whose backward is ``where(comparison of saved values, grad, 0)``: a select, for any values.
 _SELECTS = frozenset(nodes.op_key(op) for op in (
@@ -49,7 +49,7 @@ def _numbers(op: str) -> set[str]:
         packet = getattr(torch.ops.aten, op)
     except (AttributeError, RuntimeError):
         return set()
-    return {a.name for o in packet.overloads() for a in getattr(packet, o)._schema.arguments
+    return {a.name for o in packet.overloads() for a in compat.op_schema(getattr(packet, o)).arguments
             if str(a.type) in ("number", "Optional[number]")}
 
 
@@ -59,8 +59,8 @@ def _verdict(cls: type) -> tuple[str, ...] | None:
     op = nodes.op_name_of_class(cls.__name__)
     if nodes.op_key(op) in _SELECTS:
         return ()
-    slots = [a[len("_saved_"):] for a in dir(cls) if a.startswith("_saved_")]
-    tensors = {name for name in slots if hasattr(cls, "_raw_saved_" + name)}
+    slots = compat.saved_names_of_class(cls)
+    tensors = {name for name in slots if compat.saves_as_tensor(cls, name)}
     if tensors - _PLACING:
         return None
     numbers = _numbers(op)
@@ -142,7 +142,7 @@ def passing_now(sites: Sequence[tuple[Any, tuple[int, ...] | None]]) -> set[int]
         for j, names in enumerate(uses):
             if zeroed is None or j in zeroed:
                 for n in names:
-                    value = getattr(node, "_saved_" + n)
+                    value = compat.saved_value(node, n)
                     if isinstance(value, torch.Tensor):
                         saved[id(value)] = value
     elements = sum(t.numel() for t in saved.values())
@@ -187,4 +187,4 @@ def passes_zeros(node: Any) -> bool:
     scalars = _class_verdict(type(node))
     if not scalars:
         return scalars is not None
-    return all(_scales_safely(getattr(node, "_saved_" + name)) for name in scalars)
+    return all(_scales_safely(compat.saved_value(node, name)) for name in scalars)

@@ -31,6 +31,31 @@ PRIVATE_PARTS = frozenset(
     if name.startswith("_") and not name.startswith("__"))
 
 
+def _private_members() -> frozenset[str]:
+    """The private members of the torch objects the package handles, asked of the running release:
+    of a tensor and a view, and autograd nodes (``_base``, ``_version``, ``_sequence_nr``,
+    ``_input_metadata``, ``_saved_self``, ...); of an op overload and its packet, those of its schema
+    and overloads (``_schema``): its others (``_name``, ``_op``) are words the package's own classes
+    use for their attributes."""
+    x = torch.ones(2, requires_grad=True)
+    node = x.pow(3).grad_fn
+    assert node is not None
+    ops = (torch.ops.aten.pow.Tensor_Scalar, torch.ops.aten.pow)
+    names = ({name for o in (x, x[1:], node, node.next_functions[0][0]) for name in dir(o)}
+             | {name for o in ops for name in dir(o) if "schema" in name or "overload" in name})
+    return frozenset(name for name in names if name.startswith("_") and not name.startswith("__"))
+
+
+PRIVATE_MEMBERS = _private_members()
+#: What autograd's generated node classes save, each class its own names: ``_saved_<name>`` and for a
+#: tensor ``_raw_saved_<name>``, read as an attribute or built as a string for ``getattr``.
+SAVED_MEMBER = re.compile(r"^_(raw_)?saved_\w*$")
+
+
+def _private_member(name: str) -> bool:
+    return name in PRIVATE_MEMBERS or bool(SAVED_MEMBER.match(name))
+
+
 def _dotted(node: ast.expr) -> str | None:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -74,7 +99,11 @@ def _private_uses(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     aliases = _aliases(tree)
     for node in ast.walk(tree):
         names: list[str | None] = []
-        if isinstance(node, ast.Attribute):
+        member = (node.attr if isinstance(node, ast.Attribute) else
+                  node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else "")
+        if _private_member(member):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: .{member}")
+        elif isinstance(node, ast.Attribute):
             names = [_resolved(_dotted(node), aliases)]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
@@ -116,6 +145,25 @@ def test_the_scan_sees_a_private_use(tmp_path: Path) -> None:
         "torch.utils._pytree.tree_flatten", "torch.compiler._is_exporting_flag", "_functorch",
         "torch/_functorch/eager_transforms.py", "_disable_dynamo",
         "torch.autograd.forward_ad._current_level"}
+
+
+def test_the_scan_sees_a_private_member_of_a_torch_object(tmp_path: Path) -> None:
+    """Private members of tensors, nodes and ops count too: read as attributes, or named in strings
+    for ``getattr``; the package's own private names, and public members, do not."""
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(node, grad, overload, name, self):\n"
+        "    a = node._saved_self, node._raw_saved_self, node._sequence_nr(), node._input_metadata\n"
+        "    b = grad._base, grad._version, overload._schema.arguments\n"
+        "    c = getattr(node, '_saved_' + name), getattr(node, '_saved_exponent', None)\n"
+        "    d = hasattr(node, '_raw_saved_' + name)\n"
+        "    e = _saved_values(node), _saved_by_class, node.metadata, grad.is_contiguous()\n"
+        "    return self._cache, node.name(), 'saved values are read here'\n")
+    uses = _private_uses(sample, tmp_path)
+    assert sorted(use.split(":", 1)[1] for use in uses) == [
+        "2: ._input_metadata", "2: ._raw_saved_self", "2: ._saved_self", "2: ._sequence_nr",
+        "3: ._base", "3: ._schema", "3: ._version", "4: ._saved_", "4: ._saved_exponent",
+        "5: ._raw_saved_"]
 
 
 def test_a_missing_internal_raises_naming_feature_and_release() -> None:

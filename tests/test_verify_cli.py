@@ -18,7 +18,7 @@ import pytest
 
 import autograd_groups as ag
 from autograd_groups import cli
-from autograd_groups.verify import cli as verify_cli
+from autograd_groups.cli import verify as verify_cli
 from autograd_groups.verify.verdict import NOT_CHECKED
 from conftest import assert_fits
 

@@ -153,7 +153,7 @@ def saved_values(node: Any) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name in saved_names(node):
         try:
-            value = getattr(node, "_saved_" + name)
+            value = compat.saved_value(node, name)
         except RuntimeError:
             continue
         found[name] = plain(value) if isinstance(value, torch.Tensor) else value

@@ -26,7 +26,7 @@ from .override import run_override
 F = TypeVar("F", bound=Callable[..., Any])
 _local = threading.local()
 
-_Entry = tuple["autograd_group", "tuple[GroupInstance, _Recorder] | None"]
+_Entry = tuple["autograd_group", "tuple[GroupInstance, _Collector] | None"]
 
 
 def _entries() -> list[_Entry]:
@@ -73,7 +73,7 @@ class _NodeNames(dict[int, str]):
         self.held: list[object] = []
 
 
-class _Recorder(TorchFunctionMode):
+class _Collector(TorchFunctionMode):
     """Collects what every torch call inside a ``with`` group made: its autograd nodes, or, while
     Dynamo traces the block, its output tensors (the nodes exist only when AOTAutograd runs it)."""
 
@@ -154,8 +154,8 @@ class autograd_group:
         if not torch.compiler.is_dynamo_compiling():  # a set Dynamo need not trace into the graph
             registry.declare(name)
         self.name = name
-        # The recorders of this block while Dynamo traces it (None under a strict torch.export).
-        self._traced: list[_Recorder | None] = []
+        # The collectors of this block while Dynamo traces it (None under a strict torch.export).
+        self._traced: list[_Collector | None] = []
 
     def __call__(self, fn: F) -> F:
         name = self.name
@@ -271,9 +271,9 @@ class autograd_group:
                 self._traced.append(None)
                 return None
             compiled.enter(_open_in_graph, (self.name,), {})
-            recorder = _Recorder()
-            recorder.__enter__()
-            self._traced.append(recorder)
+            collector = _Collector()
+            collector.__enter__()
+            self._traced.append(collector)
             return None
         entries = _entries()
         enabled = flag.current_state().for_group(self.name)
@@ -286,18 +286,18 @@ class autograd_group:
         if instance.rules.override is not None:
             pop_instance(instance)
             raise _with_override(instance)
-        recorder = _Recorder()
-        recorder.__enter__()
-        entries.append((self, (instance, recorder)))
+        collector = _Collector()
+        collector.__enter__()
+        entries.append((self, (instance, collector)))
         return instance
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         if torch.compiler.is_dynamo_compiling():
-            recorder = self._traced.pop()
-            if recorder is None:
+            collector = self._traced.pop()
+            if collector is None:
                 return
-            recorder.__exit__(exc_type, *exc)
-            compiled.enter(_close_in_graph, tuple(recorder.outputs), {})
+            collector.__exit__(exc_type, *exc)
+            compiled.enter(_close_in_graph, tuple(collector.outputs), {})
             return
         entries = _entries()
         if not entries or entries[-1][0] is not self:
@@ -306,9 +306,9 @@ class autograd_group:
         entry = entries.pop()[1]
         if entry is None:
             return
-        instance, recorder = entry
-        recorder.__exit__(exc_type, *exc)
+        instance, collector = entry
+        collector.__exit__(exc_type, *exc)
         if exc_type is not None:
             pop_instance(instance)
             return
-        close_instance(instance, list(reversed(recorder.roots)), {})
+        close_instance(instance, list(reversed(collector.roots)), {})

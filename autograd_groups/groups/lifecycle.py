@@ -204,7 +204,7 @@ def close_instance(instance: GroupInstance, roots: list[Any], named: dict[int, s
         key = id(node)
         seen = index.get(key)
         if seen is None and (type(node) is nodes.ACCUMULATE_GRAD or key in named
-                             or node._sequence_nr() < start):
+                             or compat.node_sequence_nr(node) < start):
             seen = index[key] = -1 - len(boundary)
             boundary.append(node)
         if seen is not None:

@@ -22,7 +22,7 @@ from ..rules import compiled_groups, registry
 from ..rules.kinds import Rule
 
 #: Where an instance was created: ``(file, line)``, as :attr:`GroupInstance.site`.
-Site = tuple[str, int]
+CallSite = tuple[str, int]
 
 
 @dataclass
@@ -36,7 +36,7 @@ class _RuleCounter:
 
 
 @dataclass
-class _SiteCounter:
+class _CallSiteCounter:
     instances: int = 0
     instances_off: int = 0
     backward_passes: int = 0
@@ -45,17 +45,17 @@ class _SiteCounter:
 
 
 _lock = threading.Lock()
-_sites: dict[str, dict[Site, _SiteCounter]] = {}
+_sites: dict[str, dict[CallSite, _CallSiteCounter]] = {}
 
 
-def _site(name: str, site: Site) -> _SiteCounter:
+def _site(name: str, site: CallSite) -> _CallSiteCounter:
     found = _sites.get(name, {}).get(site)
     if found is None:
-        found = _sites.setdefault(name, {}).setdefault(site, _SiteCounter())
+        found = _sites.setdefault(name, {}).setdefault(site, _CallSiteCounter())
     return found
 
 
-def count_instance(name: str, site: Site, enabled: bool, delta: int = 1) -> None:
+def count_instance(name: str, site: CallSite, enabled: bool, delta: int = 1) -> None:
     """``delta`` more instances of ``name`` created at ``site`` (with special cases ``enabled`` or not)."""
     with _lock:
         counter = _site(name, site)
@@ -69,7 +69,7 @@ def count_compiled(name: str) -> None:
     compiled_groups.add(name)
 
 
-def count_backward(name: str, site: Site) -> None:
+def count_backward(name: str, site: CallSite) -> None:
     """One more backward pass reached an instance of ``name`` created at ``site``."""
     with _lock:
         _site(name, site).backward_passes += 1
@@ -104,14 +104,14 @@ def count_site(instance: GroupInstance, rules: Sequence[Rule],
                 found.elements += n
 
 
-def count_nonfinite(name: str, site: Site) -> None:
+def count_nonfinite(name: str, site: CallSite) -> None:
     """A backward pass gave an instance of ``name`` created at ``site`` non-finite input gradients
     (counted while traced)."""
     with _lock:
         _site(name, site).nonfinite += 1
 
 
-def count_rule(name: str, site: Site, label: str, kind: str, elements: int = 0,
+def count_rule(name: str, site: CallSite, label: str, kind: str, elements: int = 0,
                fired: bool | torch.Tensor = False) -> None:
     """A rule ran once, changed ``elements`` elements (when counted) and ``fired`` (override)."""
     with _lock:
@@ -124,11 +124,11 @@ def count_rule(name: str, site: Site, label: str, kind: str, elements: int = 0,
         rule.elements += elements
 
 
-def _where(site: Site) -> str:
+def _where(site: CallSite) -> str:
     return f"{site[0]}:{site[1]}" if site[1] else site[0]
 
 
-def _counts(counter: _SiteCounter) -> dict[str, Any]:
+def _counts(counter: _CallSiteCounter) -> dict[str, Any]:
     return {"instances": counter.instances, "instances_off": counter.instances_off,
             "backward_passes": counter.backward_passes, "nonfinite_gradients": counter.nonfinite,
             "rules": {label: {"kind": r.kind, "calls": r.calls, "firings": int(r.firings),
@@ -136,8 +136,8 @@ def _counts(counter: _SiteCounter) -> dict[str, Any]:
                       for label, r in counter.rules.items()}}
 
 
-def _total(counters: list[_SiteCounter]) -> _SiteCounter:
-    total = _SiteCounter()
+def _total(counters: list[_CallSiteCounter]) -> _CallSiteCounter:
+    total = _CallSiteCounter()
     for counter in counters:
         total.instances += counter.instances
         total.instances_off += counter.instances_off

@@ -33,7 +33,7 @@ class Call:
 
 
 @dataclass
-class Site:
+class RuleRun:
     """One run of a rule at a rule site: the autograd node, the rule, the masks of the elements
     it changed (one per gradient it set, see :mod:`autograd_groups.sites.hooks`), and the node's
     place among the instance's members (``SiteHook.index``)."""
@@ -63,19 +63,19 @@ class _Batched(Exception):
 class Recorder:
     """Collects, for the instances created while it is active: their creation order; copies of the
     calls of decorator groups, until each rule of a group has fired in ``copies`` copied instances;
-    and, when ``record_sites``, each rule site's changed elements during the first backward pass
-    (until :meth:`stop`).
+    and, when ``record_runs``, each run of a rule at a rule site, with the elements it changed,
+    during the first backward pass (until :meth:`stop`).
 
-    The sites hold autograd nodes, whose hooks hold the instances, which hold the recorder: a
+    The runs hold autograd nodes, whose hooks hold the instances, which hold the recorder: a
     cycle through autograd's C++ graph that the cycle collector cannot see. :meth:`release` cuts it.
     """
 
-    def __init__(self, copies: int = 0, record_sites: bool = False) -> None:
+    def __init__(self, copies: int = 0, record_runs: bool = False) -> None:
         self.copies = copies
-        self.record_sites = record_sites
+        self.record_runs = record_runs
         self.instances: list[Any] = []
         self.calls: dict[int, Call] = {}
-        self.sites: dict[tuple[int, str], list[Site]] = {}
+        self.runs: dict[tuple[int, str], list[RuleRun]] = {}
         self._copied: dict[str, list[Any]] = {}
         self._decorated: set[int] = set()
         #: The decorator groups' instances called on vmap batches, which are not copied.
@@ -122,22 +122,22 @@ class Recorder:
     def changed(self, instance: Any, rule: Any, masks: list[torch.Tensor], index: int | None) -> None:
         """At the running rule site of ``instance`` (member ``index``), ``rule`` changed the elements
         ``masks``."""
-        if not self.record_sites or self._stopped or rule not in instance.rules.rules:
+        if not self.record_runs or self._stopped or rule not in instance.rules.rules:
             return  # (a rule the instance does not have: the formula guard of create_graph)
-        while instance.merged_into is not None:  # tagged chains that met: the sites are the root's
+        while instance.merged_into is not None:  # tagged chains that met: the runs are the root's
             instance = instance.merged_into
-        site = Site(compat.current_autograd_node(), rule, [m.detach() for m in masks], index)
+        run = RuleRun(compat.current_autograd_node(), rule, [m.detach() for m in masks], index)
         with self._lock:
-            self.sites.setdefault((id(instance), rule.label), []).append(site)
+            self.runs.setdefault((id(instance), rule.label), []).append(run)
 
     def stop(self) -> None:
-        """Record no more sites: later backward passes over the same graph run the same sites."""
+        """Record no more runs: later backward passes over the same graph run the same rule sites."""
         self._stopped = True
 
     def release(self) -> None:
-        """Forget the sites and their autograd nodes, once they have served."""
+        """Forget the runs and their autograd nodes, once they have served."""
         with self._lock:
-            self.sites.clear()
+            self.runs.clear()
 
     def close(self) -> None:
         """Forget everything, once the check has run: a copied call's function holds its globals,

@@ -16,13 +16,13 @@ from typing import Any, cast
 
 import torch
 
-from .. import nodes
+from .. import compat, nodes
 from ..instance import GroupInstance
 
 
 def describe(node: Any) -> dict[str, Any]:
     """The vertex attributes of an autograd node: op, class, output shape/dtype, saved names."""
-    meta = node._input_metadata
+    meta = compat.input_metadata(node)
     return {
         "kind": "op",
         "op": nodes.node_op(node),

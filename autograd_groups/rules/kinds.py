@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .. import nodes
+from .. import compat, nodes
 from ..errors import ExpressionError, RuleError
 from . import expr, linearity
 
@@ -119,7 +119,8 @@ class Subgradient:
         object.__setattr__(self, "op_key", nodes.op_key(self.op))
         object.__setattr__(self, "key", (self.op_key, when_fn.key, grad_fn.key, self.input))
         object.__setattr__(self, "saved", (when_fn.names | grad_fn.names) - {"grad"})
-        object.__setattr__(self, "saved_attributes", tuple((n, "_saved_" + n) for n in sorted(self.saved)))
+        object.__setattr__(self, "saved_attributes",
+                           tuple((n, compat.saved_attribute(n)) for n in sorted(self.saved)))
         object.__setattr__(self, "constant", float(self.grad) if is_number else None)  # type: ignore[arg-type]
         object.__setattr__(self, "when_fn", when_fn)
         object.__setattr__(self, "grad_fn", grad_fn)

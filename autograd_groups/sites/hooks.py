@@ -43,7 +43,7 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     """Whether ``grad``, in a plain backward (see ``SiteHook.__call__``), may be filled in place: a
     fresh dense tensor no other gradient shares. Never for a tensor subclass, nor for batched
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
-    if (type(grad) is not torch.Tensor or grad._base is not None or not grad.is_contiguous()
+    if (type(grad) is not torch.Tensor or compat.view_base(grad) is not None or not grad.is_contiguous()
             or not compat.has_storage(grad)):
         return False
     return grad.data_ptr() not in [g.data_ptr() for g in grad_outputs if g is not None]
@@ -120,7 +120,7 @@ def _saved_values(rule: Subgradient, site: SiteHook, node: Any | None) -> dict[s
     try:
         for name, attribute in rule.saved_attributes:
             value = env[name] = getattr(node, attribute) if node is not None else site.captured[name]
-            if value is None and hasattr(node, "_raw" + attribute):  # a tensor slot left empty
+            if value is None and compat.saves_as_tensor(node, name):  # a tensor slot left empty
                 raise _fail(site.instance, rule.label, site.op,
                             f"this {site.node_class.__name__} node did not keep {name!r}: autograd "
                             f"saves a value only for the gradients it computes, and {name!r} serves "
@@ -214,7 +214,7 @@ def _protect_formula(instance: GroupInstance, node: Any | None, grad: torch.Tens
         if tracked is None or tracked.grad_fn is None:
             continue
         if read is None:  # read once, and only when a graph will differentiate this backward
-            read = [*grad_outputs, *(getattr(node, "_saved_" + n) for n in nodes.saved_names(node))]
+            read = [*grad_outputs, *(compat.saved_value(node, n) for n in nodes.saved_names(node))]
         boundary = [t.grad_fn for t in (levels.at_level(v, level) for v in read) if t is not None]
         _protect_graph(instance, node, tracked.grad_fn, boundary)
 
@@ -306,7 +306,7 @@ def _zero_factors(site: SiteHook, node: Any, grads: Grads, grad_outputs: Sequenc
     factor's broadcast dimensions is not elementwise in it."""
     for i, name in site.factors:
         grad = grads[i] if i < len(grads) else None
-        factor = getattr(node, "_saved_" + name, None)
+        factor = compat.saved_value(node, name, None)
         if grad is None or not isinstance(factor, torch.Tensor) or not _fits(factor.shape, grad.shape):
             continue
         fix = (factor == 0) & (grad != 0)

@@ -23,7 +23,7 @@ from .. import flag
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..observe import tracer
-from ..observe.recording import Recorder, Site, recording
+from ..observe.recording import Recorder, RuleRun, recording
 from ..rules.kinds import NanSafe
 from . import limits
 
@@ -132,7 +132,7 @@ class AtPoint:
     instances: dict[str, GroupInstance]
     first: GroupInstance | None
     recorder: Recorder
-    reach: Callable[[list[Site]], torch.Tensor]
+    reach: Callable[[list[RuleRun]], torch.Tensor]
 
 
 class Probe:
@@ -207,7 +207,7 @@ class Probe:
 
     def at_point(self) -> AtPoint:
         """The rules' derivative at the point (special cases on), with the sites each rule ran at."""
-        recorder = Recorder(record_sites=True)
+        recorder = Recorder(record_runs=True)
         xs = self._leaves()
         try:
             with tracer.trace() as session, recording(recorder), flag.restored(flag.FlagState(True)):
@@ -218,8 +218,8 @@ class Probe:
             raise
         recorder.stop()
 
-        def reach(sites: list[Site]) -> torch.Tensor:
-            handles = [site.node.register_hook(_poison(site)) for site in sites]
+        def reach(runs: list[RuleRun]) -> torch.Tensor:
+            handles = [run.node.register_hook(_poison(run)) for run in runs]
             try:
                 return self._nan(projected, xs).cpu()
             finally:
@@ -386,19 +386,19 @@ def _project(outputs: list[torch.Tensor], weights: list[torch.Tensor]) -> torch.
     return sum(((o * w).sum() for o, w in zip(outputs, weights)), torch.zeros((), dtype=torch.float64))
 
 
-def _poison(site: Site) -> Callable[..., tuple[torch.Tensor | None, ...]]:
-    """A post-hook for ``site``'s node, to run after its rule site's: NaN where the rule changed
+def _poison(run: RuleRun) -> Callable[..., tuple[torch.Tensor | None, ...]]:
+    """A post-hook for ``run``'s node, to run after its rule site's: NaN where the rule changed
     elements."""
-    rule = site.rule
+    rule = run.rule
 
     def hook(grad_inputs: Sequence[torch.Tensor | None],
              grad_outputs: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor | None, ...]:
         grads = list(grad_inputs)
         if isinstance(rule, NanSafe):  # one mask per gradient it set, in order
-            targets = list(zip([i for i, g in enumerate(grads) if g is not None], site.masks))
+            targets = list(zip([i for i, g in enumerate(grads) if g is not None], run.masks))
         else:
             indices = range(len(grads)) if rule.input is None else (rule.input,)
-            targets = [(i, site.masks[0]) for i in indices]
+            targets = [(i, run.masks[0]) for i in indices]
         for i, mask in targets:
             grad = grads[i] if i < len(grads) else None
             if grad is not None:

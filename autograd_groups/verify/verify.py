@@ -342,12 +342,12 @@ def _reached(f: Fired, instance: GroupInstance, at: AtPoint) -> torch.Tensor | N
     rule = f.rule
     if isinstance(rule, Override):  # the whole gradient is the replacement's, NaN included
         return torch.ones_like(at.nan) if instance.hits.get(rule.label) else None
-    sites = at.recorder.sites.get((id(instance), rule.label))
-    if sites and f.site is not None:
+    runs = at.recorder.runs.get((id(instance), rule.label))
+    if runs and f.site is not None:
         # A run that walked the group otherwise (other members) is checked at all its sites.
-        sites = [s for s in sites if s.index == f.site] or sites
+        runs = [r for r in runs if r.index == f.site] or runs
     # A NaN elsewhere in the rules' gradient hides whether the rule's elements reach it.
-    return at.reach(sites) & ~at.nan if sites else None
+    return at.reach(runs) & ~at.nan if runs else None
 
 
 def _verdict(f: Fired, order: int, point: Point, at: AtPoint, judged: Judged, reached: torch.Tensor,

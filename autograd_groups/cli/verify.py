@@ -21,9 +21,8 @@ from rich.status import Status
 
 from ..observe.recording import Recorder, recording
 from ..observe.tracer import trace
-from ..script import Exit
-from ..viz.cli import _check_script, _run, _say, _script_arguments
-from .verify import MAX_INSTANCES, Progress, check
+from ..script import Exit, check_script, run_flushed, say, script_arguments
+from ..verify.verify import MAX_INSTANCES, Progress, check
 
 #: The command's exit codes; an inconsistent rule is reported as 1 whether or not the script failed.
 EXIT_CODES = {0: "the script ran to its end and no rule is inconsistent", 1: "a rule is inconsistent",
@@ -56,7 +55,7 @@ def register(subparsers: Any) -> None:
                     "limits of the automatic gradient at nearby points (help(autograd_groups.verify)). "
                     "Print a table, each finding below it once. On a terminal, progress goes to stderr.",
         epilog="exit codes: " + "; ".join(f"{code} {meaning}" for code, meaning in EXIT_CODES.items()))
-    _script_arguments(verify)
+    script_arguments(verify)
     verify.add_argument("--order", type=int, choices=(1, 2), default=1,
                         help="2: check Hessian-vector products (through create_graph) instead of "
                              "gradients")
@@ -72,14 +71,14 @@ def register(subparsers: Any) -> None:
 def run_verify(args: argparse.Namespace) -> int:
     """The ``verify`` command; returns its exit code."""
     if args.max_instances < 1:
-        _say("autograd-groups verify: error: --max-instances must be at least 1")
+        say("autograd-groups verify: error: --max-instances must be at least 1")
         return 2
-    if not _check_script("verify", args.script):
+    if not check_script("verify", args.script):
         return 2
     recorder = Recorder(copies=args.max_instances)
     with trace() as session, recording(recorder), \
             contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-        code = _run(args.script, args.args)
+        code = run_flushed(args.script, args.args)
     try:
         with _progress() as progress:
             report = check(session.instances, recorder, args.order, args.max_instances, NO_FUNCTION,
@@ -112,6 +111,6 @@ def _progress() -> Iterator[Progress | None]:
 
 def _failed(script: str, code: Exit, ok: bool) -> None:
     exit_code = 1 if not ok else SCRIPT_FAILED
-    _say(f"autograd-groups verify: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
-         f"what it recorded up to then is checked above; exiting with {exit_code} "
-         f"({EXIT_CODES[exit_code]})")
+    say(f"autograd-groups verify: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
+        f"what it recorded up to then is checked above; exiting with {exit_code} "
+        f"({EXIT_CODES[exit_code]})")

@@ -13,8 +13,8 @@ import argparse
 import json
 from typing import Any
 
+from ..doctor.diagnose import diagnose
 from ..script import check_script, say, script_arguments
-from .diagnose import diagnose
 
 USAGE = "autograd-groups doctor SCRIPT.py [--steps N] [--json PATH] [-- ARGS]"
 

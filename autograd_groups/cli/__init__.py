@@ -1,24 +1,22 @@
-"""The ``autograd-groups`` command: each subcommand lives with the part of the library it shows."""
+"""The ``autograd-groups`` command, one module per part of the library it shows (``spec``, ``viz``
+and ``stats``, ``verify``, ``doctor``), each a thin layer over that part's public API."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import __version__
-from .doctor import cli as doctor_cli
-from .spec import cli as spec_cli
-from .verify import cli as verify_cli
-from .viz import cli as viz_cli
+from .. import __version__
+from . import doctor, spec, verify, viz
 
 
 def main(argv: list[str] | None = None) -> int:
     r"""Run ``autograd-groups`` with ``argv`` (default: the command line); return the exit code.
 
     >>> import pathlib, tempfile
-    >>> spec = pathlib.Path(tempfile.mkdtemp()) / "groups.yaml"
-    >>> _ = spec.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n")
-    >>> main(["check", str(spec)])  # doctest: +ELLIPSIS
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "groups.yaml"
+    >>> _ = path.write_text("- name: g(Tensor x) -> Tensor\n  special_cases:\n    - nan_safe: true\n")
+    >>> main(["check", str(path)])  # doctest: +ELLIPSIS
     /.../groups.yaml: ok (1 group(s), 1 rule(s))
     0
     """
@@ -29,10 +27,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(doctor).")
     parser.add_argument("--version", action="version", version=f"autograd-groups {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    spec_cli.register(commands)
-    viz_cli.register(commands)
-    verify_cli.register(commands)
-    doctor_cli.register(commands)
+    spec.register(commands)
+    viz.register(commands)
+    verify.register(commands)
+    doctor.register(commands)
     args, extra = parser.parse_known_args(argv)
     if extra:
         unknown = " ".join(extra)
@@ -48,7 +46,3 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     code: int = args.run(args)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

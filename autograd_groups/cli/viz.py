@@ -18,11 +18,12 @@ from typing import Any
 
 from rich.console import Console
 
+import autograd_groups as ag
+
 from ..errors import GroupError
-from ..script import Exit, run_script
-from ..script import check_script as _check_script
-from ..script import script_arguments as _script_arguments
-from .export import DEFAULT_MAX_NODES
+from ..rules import registry
+from ..script import Exit, check_script, run_flushed, say, script_arguments
+from ..viz.export import DEFAULT_MAX_NODES
 
 VIZ_USAGE = "autograd-groups viz SCRIPT.py [--out FILE] [--group NAME] [--max-nodes N] [-- ARGS]"
 STATS_USAGE = "autograd-groups stats SCRIPT.py [--json] [-- ARGS]"
@@ -44,7 +45,7 @@ def register(subparsers: Any) -> None:
                     "the autograd graph of every traced group instance: one cluster per group, "
                     "repeated instances folded into one cluster ×N, rule sites marked with their "
                     "hit counts. Without --out, print a tree.")
-    _script_arguments(viz)
+    script_arguments(viz)
     viz.add_argument("--out", metavar="FILE",
                      help="write FILE instead of printing a tree: .dot, .mmd (Mermaid), .json (the "
                           "trace), or a picture .svg, .png, .pdf, .html (drawn with pygraphviz, "
@@ -60,7 +61,7 @@ def register(subparsers: Any) -> None:
         description="Run SCRIPT.py under a trace session and report, per group, its instances, "
                     "backward passes and rule hits, and which groups never hit a special point "
                     "(their special cases can be turned off).")
-    _script_arguments(stats)
+    script_arguments(stats)
     stats.add_argument("--json", action="store_true",
                        help="print the report as JSON (keys: documentation, 'Command line'); "
                             "the script's own output goes to stderr")
@@ -68,38 +69,32 @@ def register(subparsers: Any) -> None:
 
 
 def _ended(command: str, script: str, code: Exit) -> None:
-    _say(f"autograd-groups {command}: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
-         f"what it recorded up to then is {'drawn' if command == 'viz' else 'reported'} above")
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr)
+    say(f"autograd-groups {command}: {script} failed: it {code.how or 'ended'}, exit code {int(code)}; "
+        f"what it recorded up to then is {'drawn' if command == 'viz' else 'reported'} above")
 
 
 def run_viz(args: argparse.Namespace) -> int:
     """The ``viz`` command; returns its exit code."""
-    import autograd_groups as ag
-
-    from . import export, render
+    from ..viz import export, render
 
     if args.max_nodes < 1:
-        _say("autograd-groups viz: error: --max-nodes must be at least 1")
+        say("autograd-groups viz: error: --max-nodes must be at least 1")
         return 2
     out = args.out
     if out is not None:
         try:
             suffix = export.suffix_of(out)
         except GroupError as e:
-            _say(f"autograd-groups viz: error: {e}")
+            say(f"autograd-groups viz: error: {e}")
             return 2
         if suffix in render.FORMATS and render.renderer() is None:
             out = os.path.splitext(out)[0] + ".dot"
-            _say(f"neither pygraphviz nor Graphviz's `dot` is installed: {args.out} cannot be drawn, "
-                 f"{out} will be written instead")
-    if not _check_script("viz", args.script):
+            say(f"neither pygraphviz nor Graphviz's `dot` is installed: {args.out} cannot be drawn, "
+                f"{out} will be written instead")
+    if not check_script("viz", args.script):
         return 2
     with ag.trace() as session:
-        code = _run(args.script, args.args)
+        code = run_flushed(args.script, args.args)
     drawn = _draw(args, out, session.instances)
     if code:
         _ended("viz", args.script, code)
@@ -109,7 +104,7 @@ def run_viz(args: argparse.Namespace) -> int:
 
 def _draw(args: argparse.Namespace, out: str | None, instances: list[Any]) -> int:
     """Print the tree of ``instances``, or write ``out``; the exit code of that part."""
-    from . import export, render, tree
+    from ..viz import export, render, tree
 
     try:
         if out is None:
@@ -117,30 +112,27 @@ def _draw(args: argparse.Namespace, out: str | None, instances: list[Any]) -> in
             return 0
         folded = export.write(instances, out, args.group, args.max_nodes)
     except GroupError as e:
-        _say(f"autograd-groups viz: error: {e}")
+        say(f"autograd-groups viz: error: {e}")
         return 1
     if folded is not None and folded.collapsed:
-        _say(f"collapsed {len(folded.collapsed)} clusters to fit --max-nodes {args.max_nodes}")
-    _say(f"wrote {out}")
+        say(f"collapsed {len(folded.collapsed)} clusters to fit --max-nodes {args.max_nodes}")
+    say(f"wrote {out}")
     if out != args.out:
-        _say(f"autograd-groups viz: error: {args.out} not drawn: no Graphviz; {render.INSTALL_HINT}, "
-             f"then run this command again")
+        say(f"autograd-groups viz: error: {args.out} not drawn: no Graphviz; {render.INSTALL_HINT}, "
+            f"then run this command again")
         return 1
     return 0
 
 
 def run_stats(args: argparse.Namespace) -> int:
     """The ``stats`` command; returns its exit code."""
-    import autograd_groups as ag
-
-
-    if not _check_script("stats", args.script):
+    if not check_script("stats", args.script):
         return 2
     ag.reset_stats()
     # Elements changed are counted only for traced instances, so the script runs traced. With
     # --json, stdout holds the JSON alone: what the script prints goes to stderr.
     with ag.trace(), contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-        code = _run(args.script, args.args)
+        code = run_flushed(args.script, args.args)
     _report(args.json)
     if code:
         _ended("stats", args.script, code)
@@ -149,10 +141,7 @@ def run_stats(args: argparse.Namespace) -> int:
 
 def _report(as_json: bool) -> None:
     """Print the ``stats`` report of what ran."""
-    import autograd_groups as ag
-    from autograd_groups.rules import registry
-
-    from . import stats
+    from ..viz import stats
 
     registered = ag.list_rules()
     found, unused = stats.reports(ag.stats(), registered), registry.unused()
@@ -179,10 +168,3 @@ def _report(as_json: bool) -> None:
         print(off)
     for text in stats.site_lines(found):
         print(text)
-
-
-def _run(script: str, argv: list[str]) -> Exit:
-    sys.stdout.flush()
-    code = run_script(script, argv)
-    sys.stdout.flush()
-    return code

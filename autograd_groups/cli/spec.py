@@ -16,8 +16,8 @@ from rich.text import Text
 
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient
 from ..rules.registry import list_rules
-from .group import SpecGroup
-from .loader import check, origin
+from ..spec.group import SpecGroup
+from ..spec.loader import check, origin
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
