@@ -309,15 +309,11 @@ def test_fullgraph_compile_of_an_override_with_a_bool_check_names_the_group_and_
 
 
 #: Modules rewritten elsewhere, whose asserts go with that rewrite.
-_ASSERTS_OWNED_ELSEWHERE = {"spec/cli.py"}
-
-
 def test_library_code_has_no_bare_assert() -> None:
     # python -O strips assert statements: a broken guarantee must raise internal_error instead.
     package = Path(ag.__file__).parent
     found = sorted(f"{path.relative_to(package)}:{node.lineno}" for path in package.rglob("*.py")
-                   for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)
-                   and path.relative_to(package).as_posix() not in _ASSERTS_OWNED_ELSEWHERE)
+                   for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert))
     assert found == []
 
 

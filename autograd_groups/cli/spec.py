@@ -14,6 +14,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import internal_error
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient
 from ..rules.registry import list_rules
 from ..spec.group import SpecGroup
@@ -149,7 +150,8 @@ def _details(rule: Rule) -> str:
         return f"op {rule.op}{target}: where {rule.when}, grad = {rule.grad}"
     if isinstance(rule, Override):
         return f"check {_name(rule.check)}, backward {_name(rule.backward_fn)}"
-    assert isinstance(rule, NanSafe)
+    if not isinstance(rule, NanSafe):
+        raise internal_error(f"a rule of a kind the listing does not know: {rule!r}")
     return "zero incoming gradient passes on zero"
 
 
