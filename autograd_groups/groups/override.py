@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from .. import compat, flag, host_reads
-from ..errors import RuleError, internal_error
+from ..errors import RuleError
 from ..instance import GroupInstance
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
-from ..sites import tangents
+from ..sites import overriding, tangents
 from .lifecycle import close_instance, open_instances, pop_instance, tensors_of
 
 
@@ -83,18 +83,18 @@ class _OverrideFunction(torch.autograd.Function):
         # backwards are computed and ``torch.where`` picks (the check must give a bool tensor).
         traced = compat.is_compiling()
         enabled = flag.backward_state().for_group(instance.name)
+        hint = (" Under torch.compile the check must return its answer as a bool tensor, without "
+                "bool() or .item() (documentation: 'torch.compile')" if traced else "")
+        where = f"group {instance.name!r} (created at {instance.where}), rule {rule.label}"
+        answer = overriding.ask(rule, view, where, hint) if enabled else False
+        # So is a bool tensor on an accelerator, where bool() would make the host wait for the
+        # device; under create_graph the branch not taken would meet the second derivative.
+        picked = traced or (isinstance(answer, torch.Tensor) and not create_graph
+                            and not host_reads.allowed(answer))
         try:
-            answer = rule.check(view) if enabled else False
-            # So is a bool tensor on an accelerator, where bool() would make the host wait for the
-            # device; under create_graph the branch not taken would meet the second derivative.
-            picked = traced or (isinstance(answer, torch.Tensor) and not create_graph
-                                and not host_reads.allowed(answer))
             fired = answer if picked else bool(answer)
         except Exception as e:
-            hint = (" Under torch.compile the check must return its answer as a bool tensor, without "
-                    "bool() or .item() (documentation: 'torch.compile')" if traced else "")
-            raise RuleError(f"group {instance.name!r} (created at {instance.where}), rule "
-                            f"{rule.label}: the check raised {e!r}.{hint}") from e
+            raise RuleError(f"{where}: the check raised {e!r}.{hint}") from e
         if not traced:
             # ``fired`` may be a device tensor: the count stays on the device until stats() reads it.
             counters.note_backward(instance)
@@ -104,7 +104,7 @@ class _OverrideFunction(torch.autograd.Function):
         if picked and isinstance(fired, torch.Tensor):
             chosen = _replacement(rule, instance, view, grads)
             automatic = _automatic(ctx, inputs, grads, create_graph)
-            return (None, *(_where(fired, r, a) for r, a in zip(chosen, automatic)))
+            return (None, *overriding.choose(fired, chosen, automatic))
         if fired:
             return (None, *_replacement(rule, instance, view, grads))
         return (None, *_automatic(ctx, inputs, grads, create_graph))
@@ -117,19 +117,6 @@ def _automatic(ctx: Any, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Te
     found = iter(torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
                                      create_graph=create_graph, allow_unused=True))
     return [next(found) if x.requires_grad else None for x in inputs]
-
-
-def _where(fired: torch.Tensor, chosen: torch.Tensor | None,
-           automatic: torch.Tensor | None) -> torch.Tensor | None:
-    if chosen is None and automatic is None:
-        return None
-    if chosen is None or automatic is None:
-        present = chosen if chosen is not None else automatic
-        if present is None:  # both None returned above
-            raise internal_error("an override's where() has neither gradient")
-        chosen = torch.zeros_like(present) if chosen is None else chosen
-        automatic = torch.zeros_like(present) if automatic is None else automatic
-    return torch.where(fired, chosen, automatic)
 
 
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,

@@ -54,9 +54,10 @@ from ..compat import (
     tree_unflatten,
 )
 from ..compat import add_batch_dim as _add_batch_dim
-from ..errors import GroupError, RuleError
+from ..errors import GroupError
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
+from . import overriding
 
 
 class _Local(threading.local):
@@ -86,6 +87,13 @@ def active(args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = 
     if peek_interpreter_stack() is None:
         return False
     return any(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+
+
+#: What an override's check must do where the group's inputs are batched.
+_BATCHED_CHECK = (" Under vmap over the group's inputs (vmap(grad(f)), jacrev of a batched call) the values "
+                  "it reads are batched, so it must return its answer as a bool tensor, without bool() or "
+                  ".item(): declare the check `-> torch.Tensor` and return, for example, "
+                  "(ctx.outputs[0] == 0).any() (documentation: 'Groups and rules', 'Override')")
 
 
 def _decided(answer: Any) -> bool | torch.Tensor:
@@ -253,15 +261,7 @@ class _Call:
         args, kwargs = self._arguments(inputs)
         view = self._context(args, kwargs, tuple(o.detach() for o in outputs))
         where = f"group {self.name!r} (created at {self.where}), rule {rule.label}"
-        try:
-            answer = rule.check(view)
-        except Exception as e:
-            raise RuleError(f"{where}: the check raised {e!r}. Under vmap over the group's inputs "
-                            f"(vmap(grad(f)), jacrev of a batched call) the values it reads are "
-                            f"batched, so it must return its answer as a bool tensor, without bool() "
-                            f"or .item(): declare the check `-> torch.Tensor` and return, for "
-                            f"example, (ctx.outputs[0] == 0).any() (documentation: 'Groups and rules', "
-                            f"'Override')") from e
+        answer = overriding.ask(rule, view, where, _BATCHED_CHECK)
         fired = _decided(answer)
         if isinstance(fired, bool):  # a batched answer is not one firing to count
             counters.count_rule(self.name, self.site, rule.label, rule.kind, fired=fired)
@@ -279,9 +279,7 @@ class _Call:
             return tuple(by_input.get(id(x)) for x in inputs)
         # Under vmap both are computed and the check's tensor picks: the automatic gradient must
         # then be finite where the check fires (a NaN-safe rule in the group sees to that).
-        return tuple(a if (r := by_input.get(id(x))) is None
-                     else torch.where(fired, r, torch.zeros_like(r) if a is None else a)
-                     for x, a in zip(inputs, automatic))
+        return tuple(overriding.choose(fired, [by_input.get(id(x)) for x in inputs], automatic))
 
 
 class _Derivative:
