@@ -187,8 +187,17 @@ def constant_problem(expression: Expression) -> str | None:
     True
     >>> print(constant_problem(parse(0.5)).split(":")[0])
     is the constant 0.5
+    >>> print(constant_problem(parse("0 / 0")))
+    is 0 / 0, which has no value (ZeroDivisionError): write the number it should be
     """
-    if expression.names or expression.evaluate({}) == 0:
+    if expression.names:
+        return None
+    try:
+        value = expression.evaluate({})
+    except ArithmeticError as e:
+        return (f"is {expression.source}, which has no value ({type(e).__name__}): write the number it "
+                f"should be")
+    if value == 0:
         return None
     factor = expression.source if expression.tree is None or isinstance(expression.tree, ast.Constant) \
         else f"({expression.source})"
