@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
 import time
 import warnings
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import markdown_table  # noqa: E402
+from common import markdown_table, median_time, once_per_call_site  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.sites import first_order  # noqa: E402
@@ -72,20 +71,11 @@ def _cases() -> dict[str, Callable[[], None]]:
     }
 
 
-def _median(run: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        run()
-        times.append(time.process_time() - start)
-    return statistics.median(times)
-
-
-def _first(run: Callable[[], object]) -> None:
-    first_order._verdicts.clear()  # a new call site, as far as the check knows
+def _forget() -> None:
+    """Make every call site a new one, as far as the check knows."""
+    first_order._verdicts.clear()
     first_order._looked.clear()
     first_order._done.clear()
-    run()
 
 
 def _unfired(repeats: int) -> list[list[str]]:
@@ -103,7 +93,7 @@ def _unfired(repeats: int) -> list[list[str]]:
         ag.set_rule_checks(on)
         step()
         rows.append([f"check {'on' if on else 'off'}",
-                     f"{_median(step, repeats) / 200 * 1e6:.1f} µs"])
+                     f"{median_time(step, repeats, time.process_time) / 200 * 1e6:.1f} µs"])
     ag.set_rule_checks(True)
     return rows
 
@@ -114,14 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", ag.FirstOrderWarning)
-    rows = []
-    for name, run in _cases().items():
-        run()  # warm-up: first uses, lazy imports
-        first = _median(lambda run=run: _first(run), args.repeats)
-        again = _median(run, args.repeats)
-        rows.append([name, f"{first * 1e3:.1f} ms", f"{again * 1e3:.1f} ms",
-                     f"{(first - again) * 1e3:.1f} ms"])
-    print(markdown_table(["case", "first at a call site", "again", "the check"], rows))
+    print(once_per_call_site(_cases(), _forget, args.repeats, time.process_time))
     print()
     print("A one-op group (sqrt of 64 elements) whose rule never fires: forward and backward, per call")
     print(markdown_table(["", "per call"], _unfired(args.repeats)))

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +21,7 @@ from torch.func import jacfwd, jvp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import markdown_table  # noqa: E402
+from common import markdown_table, median_time  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.sites import forward_sites  # noqa: E402
@@ -37,15 +35,6 @@ def _sinc_of_length(v: torch.Tensor) -> torch.Tensor:
 
 def _distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return ((x[:, None] - y[None]) ** 2).sum(-1).clamp_min(0).sqrt()
-
-
-def _median(run: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -77,14 +66,14 @@ def main() -> None:
     rows = []
     for name, inner, grouped, plain in cases:
         grouped()  # warm-up: the first call of each function reads the nodes it makes
-        by_sites = _median(grouped, args.repeats)
+        by_sites = median_time(grouped, args.repeats)
         forward_sites._whole.add(inner)
         try:
             grouped()
-            whole = _median(grouped, args.repeats)
+            whole = median_time(grouped, args.repeats)
         finally:
             forward_sites._whole.discard(inner)
-        bare = _median(plain, args.repeats)
+        bare = median_time(plain, args.repeats)
         rows.append([name, f"{by_sites * 1e3:.2f} ms", f"{whole * 1e3:.2f} ms", f"{bare * 1e3:.2f} ms"])
     print(markdown_table(["case", "by its rule sites", "transposed whole", "no group"], rows))
     print(f"\ntorch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +22,7 @@ from torch.func import hessian, jacrev
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import markdown_table  # noqa: E402
+from common import markdown_table, median_time, once_per_call_site  # noqa: E402
 
 import autograd_groups as ag  # noqa: E402
 from autograd_groups.sites import second_order  # noqa: E402
@@ -49,18 +47,9 @@ def _cases() -> dict[str, Callable[[], torch.Tensor]]:
     }
 
 
-def _median(run: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def _first(run: Callable[[], object]) -> None:
-    second_order._verdicts.clear()  # a new call site, as far as the check knows
-    run()
+def _forget() -> None:
+    """Make every call site a new one, as far as the check knows."""
+    second_order._verdicts.clear()
 
 
 def main() -> None:
@@ -69,14 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", ag.SecondOrderWarning)
-    rows = []
-    for name, run in _cases().items():
-        run()  # warm-up: first uses, lazy imports
-        first = _median(lambda run=run: _first(run), args.repeats)
-        again = _median(run, args.repeats)
-        rows.append([name, f"{first * 1e3:.1f} ms", f"{again * 1e3:.1f} ms",
-                     f"{(first - again) * 1e3:.1f} ms"])
-    print(markdown_table(["case", "first at a call site", "again", "the check"], rows))
+    print(once_per_call_site(_cases(), _forget, args.repeats))
 
     ag.register_rule("bench.double", ag.NanSafe())
     double = ag.autograd_group("bench.double")(lambda x: x * 2)
@@ -87,11 +69,11 @@ def main() -> None:
         for _ in range(calls):
             double(x)
 
-    kept = _median(forward, args.repeats) / calls
+    kept = median_time(forward, args.repeats) / calls
     real = second_order.remember
     second_order.remember = lambda fn, args, kwargs: None  # type: ignore[assignment,return-value]
     try:
-        bare = _median(forward, args.repeats) / calls
+        bare = median_time(forward, args.repeats) / calls
     finally:
         second_order.remember = real
     print()

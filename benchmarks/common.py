@@ -69,3 +69,32 @@ def target_row(what: str, figures: list[float], bound: float, unit: str = "×") 
     """A row of an issue's target table: met when every figure is at most ``bound``."""
     status = "met" if all(f <= bound for f in figures) else "missed"
     return [what, " / ".join(f"{f:.2f}{unit}" for f in figures), f"≤ {bound}{unit}", status]
+
+
+def median_time(run: Callable[[], object], repeats: int,
+                clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds of ``repeats`` runs of ``run`` by ``clock`` (``time.process_time`` counts this
+    process's CPU time alone, which a loaded machine disturbs less)."""
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        run()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def once_per_call_site(cases: dict[str, Callable[[], object]], forget: Callable[[], None], repeats: int,
+                       clock: Callable[[], float] = time.perf_counter) -> str:
+    """A table of what a check made once per call site costs: each case run as at a new call site
+    (after ``forget``) and again, and the difference."""
+    rows = []
+    for name, run in cases.items():
+        run()  # warm-up: first uses, lazy imports
+
+        def first(run: Callable[[], object] = run) -> None:
+            forget()
+            run()
+
+        new, again = median_time(first, repeats, clock), median_time(run, repeats, clock)
+        rows.append([name, f"{new * 1e3:.1f} ms", f"{again * 1e3:.1f} ms", f"{(new - again) * 1e3:.1f} ms"])
+    return markdown_table(["case", "first at a call site", "again", "the check"], rows)

@@ -8,6 +8,7 @@ own subgraph: when the checker fires that subgraph is never executed; otherwise
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,19 +22,20 @@ from ..sites import overriding, tangents
 from .lifecycle import close_instance, open_instances, pop_instance, tensors_of
 
 
+@dataclass
 class _Run:
-    """Everything the Function needs that is not a tensor input."""
+    """Everything the Function needs that is not a tensor input: the call, the names of its
+    arguments (``named`` by tensor id, ``arguments`` by name) and the place of each tensor input
+    (``positions``, by id)."""
 
-    def __init__(self, instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 inputs: list[torch.Tensor], named: dict[int, str], arguments: dict[str, Any]) -> None:
-        self.instance = instance
-        self.fn = fn
-        self.args = args
-        self.kwargs = kwargs
-        self.named = named
-        self.single = True
-        self.arguments = arguments
-        self.positions = {id(t): k for k, t in enumerate(inputs)}
+    instance: GroupInstance
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    named: dict[int, str]
+    arguments: dict[str, Any]
+    positions: dict[int, int]
+    single: bool = True
 
     def context(self, inputs: tuple[torch.Tensor, ...], outputs: tuple[torch.Tensor, ...]) -> OverrideContext:
         """What the rule sees, with ``inputs`` standing for the call's tensor arguments."""
@@ -128,7 +130,7 @@ def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
 def run_override(instance: GroupInstance, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                  inputs: list[torch.Tensor], named: dict[int, str], arguments: dict[str, Any]) -> Any:
     """Call ``fn`` as an override group: one autograd node that wraps the group's own subgraph."""
-    run = _Run(instance, fn, args, kwargs, inputs, named, arguments)
+    run = _Run(instance, fn, args, kwargs, named, arguments, {id(t): k for k, t in enumerate(inputs)})
     try:
         label = instance.rules.override.label  # type: ignore[union-attr]
         if tangents.running():
