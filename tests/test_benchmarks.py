@@ -143,3 +143,13 @@ def test_bench_nan_safe_prints_each_issue_30_target_with_met_or_missed() -> None
         "| slerp with nested ops.atan2 and ops.vector_norm vs hand", "| extra ATen ops over hand",
         "| 3-op subgradient group vs plain"]
     assert all(row[3].strip(" |") in ("met", "missed") for row in rows)
+
+
+def test_bench_doctor_runs_its_rows() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_doctor.py"), "--repeats", "1",
+                           "--block", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| doctor's")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| doctor's trigger per backward / plain step, batch 64 / batch 256",
+        "| doctor's instrumented step / plain step, batch 64 / batch 256"]
