@@ -82,7 +82,7 @@ class GroupInstance:
         #: Whether the instance runs one call of its group's function (a rule site under forward
         #: mode, sites/forward_sites.py): ``call`` is then the whole group's, and its members'
         #: places are not the whole group's.
-        self.part = False
+        self.part: bool = False
 
     @property
     def where(self) -> str:

@@ -76,7 +76,7 @@ class Edit:
 
     def __init__(self, source: Source) -> None:
         self.source = source
-        self.lines = list(source.lines)
+        self.lines: list[str] = list(source.lines)
         self._inserted: list[tuple[int, int]] = []  # (original line, lines inserted before it)
 
     def _at(self, line: int) -> int:

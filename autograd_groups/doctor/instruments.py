@@ -64,7 +64,7 @@ class ForwardWatch(TorchFunctionMode):
         self.frames: dict[Any, Frame] = {}
         #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
         #: itself may run inside it) but records nothing more.
-        self.recording = True
+        self.recording: bool = True
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:

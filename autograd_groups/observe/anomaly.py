@@ -86,7 +86,7 @@ class detect_nonfinite:
     """
 
     def __init__(self, forward: bool = True) -> None:
-        self.forward = bool(forward)
+        self.forward: bool = bool(forward)
 
     def __enter__(self) -> None:
         _depths.depth += 1

@@ -47,7 +47,7 @@ _looked: dict[tuple[str, tuple[str, int]], int] = {}
 #: The (group, call site) pairs past their first backward pass, or built-ins: nothing is read there.
 _done: set[tuple[str, tuple[str, int]]] = set()
 #: How many checks ran, for the tests and the benchmark that measure what they cost.
-runs = 0
+runs: int = 0
 
 
 def set_checker(checker: Checker) -> None:

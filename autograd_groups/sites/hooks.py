@@ -379,24 +379,25 @@ class SiteHook:
     def __init__(self, instance: GroupInstance, subgradients: tuple[Subgradient, ...],
                  nan_safe: NanSafe | None, vertex: str | None, node: Any,
                  zeroed: tuple[int, ...] | None = None, index: int | None = None) -> None:
-        self.instance = instance
+        self.instance: GroupInstance = instance
         #: The node's place in the walk of the instance's members: the same node in a run of the
         #: group on other values of the same inputs (the second-order check's).
-        self.index = index
+        self.index: int | None = index
         #: The gradients a NaN-safe rule zeroes here (by input index), or None for all: a product
         #: zeroes only those multiplied by a saved value that may be non-finite (finiteness.py).
-        self.zeroed = zeroed
-        self.subgradients = subgradients
-        self.nan_safe = nan_safe
+        self.zeroed: tuple[int, ...] | None = zeroed
+        self.subgradients: tuple[Subgradient, ...] = subgradients
+        self.nan_safe: NanSafe | None = nan_safe
         #: The rules that run here, in the order they run.
         self.rules: tuple[Subgradient | NanSafe, ...] = (
             subgradients if nan_safe is None else (*subgradients, nan_safe))
-        self.vertex = vertex
+        self.vertex: str | None = vertex
         self.node_class: type = type(node)
-        self.elementwise = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
+        self.elementwise: bool = nan_safe is not None and nodes.is_pointwise_class(self.node_class)
         #: A NaN-safe product's gradients that an exactly zero factor makes 0 (ZERO_FACTORS).
-        self.factors = ZERO_FACTORS.get(self.node_class.__name__, ()) if nan_safe is not None else ()
-        self.captured = capture(node, subgradients) if subgradients else {}
+        self.factors: tuple[tuple[int, str], ...] = (
+            ZERO_FACTORS.get(self.node_class.__name__, ()) if nan_safe is not None else ())
+        self.captured: dict[str, torch.Tensor] = capture(node, subgradients) if subgradients else {}
 
     @property
     def op(self) -> str:

@@ -41,8 +41,8 @@ class Judge:
 
     def __init__(self, probe: Probe, samples: torch.Tensor) -> None:
         self.probe = probe
-        self.limits = self._estimate(samples)
-        self.logarithmic = _logarithmic(samples)
+        self.limits: limits.Limits = self._estimate(samples)
+        self.logarithmic: torch.Tensor = _logarithmic(samples)
 
     def _estimate(self, samples: torch.Tensor) -> limits.Limits:
         special = self.probe.special

@@ -141,21 +141,22 @@ class Probe:
     def __init__(self, point: Point, order: int) -> None:
         self.point = point
         self.order = order
-        self.generator = generator()
+        self.generator: torch.Generator = generator()
         self.projections: list[torch.Tensor] | None = None
-        self.vector = torch.cat([self._random(x.shape).to(x.device).reshape(-1) for x in point.inputs])
+        self.vector: torch.Tensor = torch.cat(
+            [self._random(x.shape).to(x.device).reshape(-1) for x in point.inputs])
         self.error: Exception | None = None
         #: Elements whose derivative is not finite at some nearby point where the function is.
-        self.plain_nonfinite = torch.zeros(0, dtype=torch.bool)
+        self.plain_nonfinite: torch.Tensor = torch.zeros(0, dtype=torch.bool)
         #: Elements checked against the rules' own derivative nearby (order 2, see nearby).
-        self.own = torch.zeros(0, dtype=torch.bool)
+        self.own: torch.Tensor = torch.zeros(0, dtype=torch.bool)
         #: (directions, elements): where a direction met a special point nearby (order 1, see
         #: nearby); its samples from there on are left out.
-        self.special = torch.zeros(0, dtype=torch.bool)
+        self.special: torch.Tensor = torch.zeros(0, dtype=torch.bool)
         self._differences: torch.Tensor | None = None
         self._differenced = torch.zeros(0, dtype=torch.bool)
         #: Per element, the least error of its difference quotients' limit (their rounding).
-        self.rounding = torch.zeros(0, dtype=torch.float64)
+        self.rounding: torch.Tensor = torch.zeros(0, dtype=torch.float64)
 
     def _random(self, shape: torch.Size) -> torch.Tensor:
         return torch.randn(shape, generator=self.generator, dtype=torch.float64)
