@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from .check import Baseline
-from .diagnose import diagnose_step
-from .propose import NOT_REPLAYED, propose
-from .replay import Instrumented, RandomState
-from .report import Diagnosis
-from .session import Backward, Session
+if TYPE_CHECKING:  # the doctor's modules load when it is first used: `import autograd_groups` stays light
+    from .report import Diagnosis
+    from .session import Backward
 
 
 @contextlib.contextmanager
@@ -29,6 +27,13 @@ def doctor() -> Iterator[Diagnosis]:
     >>> report.status, report.cls, report.born.node
     ('found', 'B', 'SqrtBackward0')
     """
+    from .check import Baseline
+    from .diagnose import diagnose_step
+    from .propose import NOT_REPLAYED, propose
+    from .replay import Instrumented, RandomState
+    from .report import Diagnosis
+    from .session import Session
+
     report = Diagnosis("clean", 0)
     seen = Instrumented()
     session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False)
