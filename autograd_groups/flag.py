@@ -63,7 +63,19 @@ class FlagState:
 
 
 _ON = FlagState()
-_local = threading.local()
+
+
+class _Thread(threading.local):
+    """This thread's forward-time state, always set: a compiled graph that read it is guarded on
+    ``_local.state`` itself. Read as ``getattr(_local, "state", _ON)`` it was guarded through the
+    global ``_ON`` instead, the object it first was, and a later ``special_cases(False)`` replayed
+    the graph compiled with the rules on."""
+
+    def __init__(self) -> None:
+        self.state = FlagState()
+
+
+_local = _Thread()
 _warned: set[str] = set()  # the unknown group names already warned about
 
 
@@ -101,7 +113,8 @@ def _warn_unknown(name: str) -> None:
 
 def current_state() -> FlagState:
     """The forward-time flag state of the calling thread."""
-    return getattr(_local, "state", _ON)
+    state: FlagState = _local.state
+    return state
 
 
 def enabled_for(name: str) -> bool:
@@ -110,7 +123,7 @@ def enabled_for(name: str) -> bool:
     >>> enabled_for("cdist")
     True
     """
-    state: FlagState = getattr(_local, "state", _ON)
+    state: FlagState = _local.state
     return state.groups.get(name, state.default)
 
 

@@ -7,6 +7,7 @@ graph, where the rules are recorded, without code generation) and a few with ind
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -268,6 +269,31 @@ def test_the_flag_is_obeyed_at_every_call_with_one_compile_per_setting():
     with ag.special_cases(False, groups=["other"]):
         assert not grads(model, leaf(ROWS))[0].isnan().any()
     assert backend.count == 4
+
+
+def test_a_fresh_thread_obeys_the_flag_in_a_function_compiled_there():
+    """A thread that never set the flag compiles with its default state: turning special cases off
+    afterwards must recompile, not replay the graph compiled with them on."""
+    @ag.autograd_group("cmp_thread")
+    def grouped(v):
+        return v.pow(2).sum(-1, keepdim=True).sqrt() * v
+
+    model = torch.compile(grouped, fullgraph=True, backend="aot_eager")
+    x = leaf(ROWS)
+    seen = []
+
+    def run():
+        seen.append(grads(model, x)[0])
+        with ag.special_cases(False):
+            seen.append(grads(model, x)[0])
+
+    with ag.registry_scope():
+        ag.register_rule("cmp_thread", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    assert torch.isfinite(seen[0]).all()
+    assert seen[1].isnan().any()  # the plain composite's gradient at the zero row
 
 
 def test_a_rule_registered_after_compiling_applies_at_the_next_call():
