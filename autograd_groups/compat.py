@@ -29,13 +29,14 @@ import torch.autograd.forward_ad as forward_ad
 from .errors import UnsupportedRelease, internal_error
 
 __all__ = [
-    "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compiled_autograd_may_run",
+    "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compile_refusal",
+    "compiled_autograd_may_run", "compiled_entries",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
     "input_metadata", "is_batchedtensor",
     "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
     "maybe_get_level", "node_sequence_nr", "nonstrict_trace", "op_schema", "peek_interpreter_stack",
-    "pop_saved_tensors_hooks",
+    "pop_saved_tensors_hooks", "recompile_limit",
     "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "saved_attribute",
     "saved_names_of_class", "saved_value", "saves_as_tensor", "sequence_nr",
     "set_fwd_grad_enabled", "stash_in_engine_tls", "stashed_in_engine_tls",
@@ -348,6 +349,35 @@ def nonstrict_trace(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapped: Callable[..., Any] = torch._dynamo.nonstrict_trace(fn)
     return wrapped
+
+
+def compiled_entries(code: types.CodeType) -> int:
+    """How many compiled graphs Dynamo's cache holds for ``code`` (0 before Dynamo is imported).
+
+    >>> compiled_entries(compiled_entries.__code__)
+    0
+    """
+    if not dynamo_imported():
+        return 0
+    listed = find(sys.modules["torch._dynamo.eval_frame"], "_debug_get_cache_entry_list",
+                  "counting a compiled group's recompilations")
+    return len(listed(code))
+
+
+def recompile_limit() -> int:
+    """Dynamo's own limit of compiled graphs per code object (``torch._dynamo.config``)."""
+    import torch._dynamo
+
+    limit: int = find(torch._dynamo.config, "recompile_limit", "a compiled group's recompile budget")
+    return limit
+
+
+def compile_refusal() -> type[Exception]:
+    """The base class of what Dynamo and its backends raise when they cannot compile a frame."""
+    import torch._dynamo
+
+    refusal: type[Exception] = find(torch._dynamo.exc, "TorchDynamoException", "a compiled group's fallback")
+    return refusal
 
 
 def _disable_when_called(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -19,7 +19,7 @@ from ..levels import graph_roots
 from ..rules import registry
 from ..rules.kinds import OverrideContext
 from ..sites import forward_sites, second_order, tangents
-from . import compiled
+from . import compiled, region
 from .lifecycle import COMPILED, caller, close_instance, lost_rules, open_instance, pop_instance, tensors_of
 from .override import run_override
 
@@ -148,9 +148,10 @@ class autograd_group:
     tensor([0., 0., 0.])
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, compile: bool | Mapping[str, Any] = False) -> None:
         if not isinstance(name, str) or not name:
             raise GroupError(f"a group name must be a non-empty string, not {name!r}")
+        self._compile = region.options_of(name, compile)
         if not torch.compiler.is_dynamo_compiling():  # a set Dynamo need not trace into the graph
             registry.declare(name)
         self.name = name
@@ -214,15 +215,30 @@ class autograd_group:
         def eager(*args: Any, **kwargs: Any) -> Any:
             return run(args, kwargs, flag.current_state().for_group(name), defined)
 
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
+
+        def opaque(*args: Any, **kwargs: Any) -> Any:
+            return compiled.enter(in_graph, args, kwargs)
+
+        compiled_region = None if self._compile is None else region.Region(name, self._compile, traced)
+        # Inside an outer torch.compile, a compiled group's opaque call is compiled once and reused.
+        reused = None if compiled_region is None else region.reused(opaque)
+
         @functools.wraps(fn)
         def grouped(*args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_dynamo_compiling():
-                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
+                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs, reused)
+            if compiled_region is not None:
+                where = caller(2)
+                return compiled_region(args, kwargs, lambda: eager_group(args, kwargs, where))
+            return eager_group(args, kwargs, caller(2))
+
+        def eager_group(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[str, int]) -> Any:
             enabled = flag.enabled_for(name)
             if enabled and registry.has_rules(name):
                 override = registry.ruleset(name).override
                 if tangents.wanted(args, kwargs, override is not None):
-                    where = caller(2)
                     # Kept here, at the caller's levels: inside the transpose its forward-mode
                     # levels are hidden, and with them which arguments carry a tangent.
                     kept = second_order.remember(fn, args, kwargs)
@@ -249,7 +265,7 @@ class autograd_group:
                         name, where, fn,
                         lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, body=f),
                         frozenset(rules.subgradients), args, kwargs, whole, settled)
-            return run(args, kwargs, enabled, caller(2))
+            return run(args, kwargs, enabled, where)
 
         def prepare_scriptable() -> Callable[..., Any]:
             # torch.jit.script calls this on each function it compiles: TorchScript would compile
@@ -263,6 +279,10 @@ class autograd_group:
         return grouped  # type: ignore[return-value]
 
     def __enter__(self) -> GroupInstance | None:
+        if self._compile is not None:
+            raise GroupError(f"group {self.name!r}: compile= compiles a decorated function; a `with` block "
+                             f"is compiled as part of the function around it (decorate that, or compile "
+                             f"it with torch.compile)")
         if torch.compiler.is_dynamo_compiling():
             # The instance opens when AOTAutograd runs the graph; there is none to return here.
             if compat.is_exporting():

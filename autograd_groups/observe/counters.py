@@ -13,7 +13,7 @@ import copy
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -152,6 +152,39 @@ def _total(counters: list[_CallSiteCounter]) -> _CallSiteCounter:
     return total
 
 
+class Region(Protocol):
+    """What ``stats`` reads of a group compiled as its own region (groups/region.py)."""
+
+    @property
+    def compiles(self) -> int: ...
+
+
+#: Per group compiled as its own region: the region, and its calls by how they ran (``"compiled"``,
+#: or why eagerly).
+_regions: dict[str, Region] = {}
+_region_calls: dict[str, dict[str, int]] = {}
+
+
+def add_region(name: str, region: Region) -> None:
+    """Report the calls of ``region``, group ``name`` compiled as its own region, in :func:`stats`."""
+    with _lock:
+        _regions[name] = region
+
+
+def count_region_call(name: str, how: str) -> None:
+    """One more call of group ``name``'s region that ran ``how``: ``"compiled"``, or the reason it
+    ran eagerly."""
+    with _lock:
+        calls = _region_calls.setdefault(name, {})
+        calls[how] = calls.get(how, 0) + 1
+
+
+def _region(name: str) -> dict[str, Any]:
+    calls = dict(_region_calls.get(name, {}))
+    compiled = calls.pop("compiled", 0)
+    return {"region": {"compiled_calls": compiled, "eager_calls": calls, "compiles": _regions[name].compiles}}
+
+
 def stats() -> dict[str, dict[str, Any]]:
     """Per group: instances, instances created with special cases off, backward passes, backward
     passes whose input gradients came out non-finite (``nonfinite_gradients``, counted while
@@ -169,11 +202,12 @@ def stats() -> dict[str, dict[str, Any]]:
     """
     compiled = compiled_groups.names()
     with _lock:
-        names = [*_sites, *sorted(compiled - set(_sites))]
+        names = [*_sites, *sorted((compiled | set(_region_calls)) - set(_sites))]
         snapshot = {name: {site: _counts(c) for site, c in _sites.get(name, {}).items()} for name in names}
         totals = {name: _counts(_total(list(_sites.get(name, {}).values()))) for name in names}
     return {
         name: {**totals[name], "compiled": name in compiled, "registered": registry.has_rules(name),
+               **(_region(name) if name in _region_calls else {}),
                "sites": {_where(site): counts for site, counts in snapshot[name].items()}}
         for name in names
     }
@@ -183,6 +217,7 @@ def reset_stats() -> None:
     """Forget all counts."""
     with _lock:
         _sites.clear()
+        _region_calls.clear()
         compiled_groups.reset()
 
 
@@ -200,10 +235,13 @@ def kept() -> Iterator[None]:
     """
     with _lock:
         sites, compiled = copy.deepcopy(_sites), compiled_groups.names()
+        regions = copy.deepcopy(_region_calls)
     try:
         yield
     finally:
         with _lock:
             _sites.clear()
             _sites.update(sites)
+            _region_calls.clear()
+            _region_calls.update(regions)
             compiled_groups.reset(compiled)

@@ -1,0 +1,184 @@
+"""A group compiled as its own region: ``@autograd_group(name, compile=True)``.
+
+Called from eager code, the group runs through its own ``torch.compile`` of one small entry
+function. Dynamo traces the entry as it traces any model that calls the group (compiled.py): the
+group becomes one opaque call, AOTAutograd runs it and records the rules' compare and select into
+the compiled backward, and inductor fuses them with the ops' derivatives. No rule is realised a
+second way.
+
+Each group's entry has a code object of its own, so each has its own Dynamo cache: groups do not
+share one recompile limit. The flag and the registry's generation are read in the traced frame,
+so Dynamo guards on them: one cache entry per setting, and a changed registry compiles once more.
+Past the group's budget of compiled graphs, a call that would compile again runs eagerly
+(``set_stance("eager_on_recompile")`` around the call: graphs already compiled still serve).
+
+Where a compiled region cannot run, the eager group runs, with the same rules, and the reason is
+counted for ``stats``: under a ``torch.func`` transform or forward mode (Dynamo refuses to trace
+them from eager code), under a tracer (``torch.jit.trace``, ``torch.export``, another compiler's
+trace), while an observer records instances, where the group's override check cannot be
+traced, and where Dynamo or the backend refused to compile it (said once, by a warning).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..errors import GroupError
+from ..flag import current_state
+from ..frames import user_frame
+from ..observe import counters
+from ..rules.registry import breaks_graph
+from . import compiled
+
+#: The options of ``compile={...}`` passed on to ``torch.compile``, and the group's own budget.
+TORCH_OPTIONS = ("backend", "mode", "dynamic", "options")
+OPTIONS = (*TORCH_OPTIONS, "budget")
+#: Compiled graphs a group may keep (flag settings, dtypes, shapes, grad modes), at most Dynamo's
+#: own limit per code object, past which Dynamo would raise under ``fullgraph=True``.
+BUDGET = 8
+
+
+class RegionWarning(UserWarning):
+    """A group declared ``compile=True`` runs eagerly from now on at some calls, and why."""
+
+
+def options_of(name: str, compile: bool | Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``torch.compile`` options and budget of group ``name`` declared with ``compile=``, or
+    None for an eager group.
+
+    >>> options_of("g", {"backend": "aot_eager"})
+    {'backend': 'aot_eager'}
+    >>> options_of("g", False) is None
+    True
+    """
+    if compile is False:
+        return None
+    if compile is True:
+        return {}
+    if not isinstance(compile, Mapping):
+        raise GroupError(f"group {name!r}: compile={compile!r}: give True, False, or a dict of the options "
+                         f"{', '.join(OPTIONS)}")
+    unknown = sorted(set(compile) - set(OPTIONS))
+    if unknown:
+        raise GroupError(f"group {name!r}: compile= has no option {', '.join(map(repr, unknown))}: the "
+                         f"options are {', '.join(OPTIONS)} (documentation: 'Compiled groups')")
+    budget = compile.get("budget", BUDGET)
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise GroupError(f"group {name!r}: compile={{'budget': {budget!r}}}: the budget is a number of "
+                         f"compiled graphs, an int of 1 or more")
+    return dict(compile)
+
+
+class Region:
+    """Group ``name`` compiled as its own region; ``traced`` is what Dynamo traces at a call (the
+    group's opaque call)."""
+
+    def __init__(self, name: str, options: Mapping[str, Any], traced: Callable[..., Any]) -> None:
+        self.name = name
+        self._budget: int = options.get("budget", BUDGET)
+        self._options = {"fullgraph": True, **{k: v for k, v in options.items() if k in TORCH_OPTIONS}}
+        # The eager group for the call running now in this thread, which the entry runs when
+        # Dynamo runs it without compiling.
+        self._local = threading.local()
+        self._entry = _entry(name, traced, self._ran_eagerly)
+        self._compiled: Callable[..., Any] | None = None
+        #: Why Dynamo or the backend would not compile this group: it runs eagerly from then on.
+        self.refused: str | None = None
+        self._warned: set[str] = set()
+        counters.add_region(name, self)
+
+    @property
+    def compiles(self) -> int:
+        """How many compiled graphs the group's cache holds."""
+        return compat.compiled_entries(self._entry.__code__)
+
+    def declines(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """Why this call must run eagerly, or None to run it compiled."""
+        if compat.peek_interpreter_stack() is not None:
+            return "torch.func transform"
+        if compat.dual_level() >= 0:
+            return "forward mode"
+        if compat.is_jit_tracing():
+            return "torch.jit.trace"
+        if compat.is_exporting():
+            return "torch.export"
+        if compat.is_compiling():
+            return "inside another compiler's trace"
+        if compiled.watched():
+            return "observed by trace or detect_nonfinite"
+        if current_state().for_group(self.name) and breaks_graph(self.name):
+            return "override check not traceable"
+        return self.refused and "compile refused"
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], eager: Callable[[], Any]) -> Any:
+        """Run the call compiled, or ``eager()``, the eager group's call, for the reason
+        :meth:`declines` gives."""
+        reason = self.declines(args, kwargs)
+        if reason is not None:
+            counters.count_region_call(self.name, reason)
+            return eager()
+        self._local.eager, self._local.ran_eagerly = eager, False
+        if self._compiled is None:
+            self._compiled = torch.compile(self._entry, **self._options)
+        try:
+            if self.compiles >= min(self._budget, compat.recompile_limit()):
+                with torch.compiler.set_stance("eager_on_recompile"):
+                    out = self._compiled(*args, **kwargs)
+            else:
+                out = self._compiled(*args, **kwargs)
+        except compat.compile_refusal() as error:
+            # The eager group raises the user's own error, if that is what stopped the compiler.
+            out = eager()
+            self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            self._warn("refused", f"runs eagerly from now on: the compiler refused it ({self.refused})")
+            counters.count_region_call(self.name, "compile refused")
+            return out
+        if not self._local.ran_eagerly:
+            counters.count_region_call(self.name, "compiled")
+        return out
+
+    def _ran_eagerly(self) -> Any:
+        # Dynamo ran the entry without compiling it: only the budget's stance makes it do that.
+        self._local.ran_eagerly = True
+        counters.count_region_call(self.name, "recompile budget spent")
+        self._warn("budget", f"runs eagerly at calls that would compile it again: it has {self.compiles} "
+                             f"compiled graphs, its recompile budget (compile={{'budget': N}} raises it, up "
+                             f"to Dynamo's recompile_limit)")
+        return self._local.eager()
+
+    def _warn(self, key: str, why: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        file, line = user_frame()
+        warnings.warn_explicit(
+            f"group {self.name!r} (compile=True) {why}; the eager group has the same rules, and "
+            f"`autograd-groups stats` counts its calls by how they ran",
+            RegionWarning, file, line)
+
+
+def _entry(name: str, traced: Callable[..., Any], eager: Callable[[], Any]) -> Callable[..., Any]:
+    """The function ``torch.compile`` compiles for group ``name``, with a code object of its own."""
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_dynamo_compiling():
+            return traced(*args, **kwargs)
+        # Dynamo ran this frame without compiling it (the budget's stance): the eager group runs.
+        return eager()
+
+    entry.__code__ = entry.__code__.replace(co_name=f"autograd_group_{name}")
+    entry.__qualname__ = entry.__name__ = entry.__code__.co_name
+    return entry
+
+
+def reused(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a region that an outer ``torch.compile`` compiles once and calls at every call
+    (``torch.compiler.nested_compile_region``); outside one, ``fn`` itself. Where a release lacks
+    it, the outer compile inlines ``fn`` at each call, with the same results."""
+    mark = getattr(torch.compiler, "nested_compile_region", None)
+    return fn if mark is None else mark(fn)

@@ -1,0 +1,304 @@
+"""Groups compiled as their own region (``@ag.autograd_group(name, compile=...)``): the gradients of
+the eager group at ordinary and special points, for each rule kind, the flag obeyed with one compile
+per setting, ``torch.func`` and forward mode run eagerly with the same values, reused inside an
+outer compile, the budget's fallback, and ``stats``' counts of how the calls ran.
+
+Compiles are slow on a small machine: the groups here compile with ``aot_eager`` (AOTAutograd's
+joint graph, where the rules are recorded, without inductor's code generation), and are defined
+once per module, so that their compiled graphs serve every test; one test compiles with the
+default, inductor.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+import autograd_groups as ag
+from autograd_groups.groups.region import RegionWarning
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compile")]
+
+AOT = {"backend": "aot_eager"}
+
+
+def length(v: torch.Tensor) -> torch.Tensor:
+    return v.pow(2).sum(-1, keepdim=True).sqrt() * v
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    return -torch.where(p > 0, p * p.log(), 0).sum(-1)
+
+
+def with_builtin(v: torch.Tensor) -> torch.Tensor:
+    return ag.ops.vector_norm(v, dim=-1, keepdim=True) * v.sin()
+
+
+def _override(name: str) -> None:
+    @ag.special_case(name)
+    def at_zero(ctx: ag.OverrideContext) -> torch.Tensor:
+        return (ctx.outputs[0] == 0).any()
+
+    @at_zero.backward
+    def zero_grad(ctx: ag.OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor]:
+        return (torch.zeros_like(ctx.inputs[0]),)
+
+
+def _rules(name: str, kind: str) -> None:
+    if kind == "subgradient":
+        ag.register_rule(name, ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    elif kind == "nan_safe":
+        ag.register_rule(name, ag.NanSafe())
+    elif kind == "override":
+        _override(name)
+
+
+#: kind -> (body, the compiled group, the same group eager, an input holding special and ordinary rows)
+CASES: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], Callable[..., torch.Tensor],
+                       list[list[float]]]] = {}
+for _kind, _body, _rows in (
+        ("subgradient", length, [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]]),
+        ("nan_safe", entropy, [[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]),
+        ("override", lambda v: v.pow(2).sum(-1).sqrt(), [[0.0, 0.0, 0.0], [1.0, 2.0, 2.0]]),
+        ("builtin", with_builtin, [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]])):
+    _rules(f"region.{_kind}", _kind)
+    _rules(f"region.{_kind}.eager", _kind)
+    CASES[_kind] = (_body, ag.autograd_group(f"region.{_kind}", compile=AOT)(_body),
+                    ag.autograd_group(f"region.{_kind}.eager")(_body), _rows)
+
+
+def grad_of(fn: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_()
+    fn(x).sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
+def region_calls(name: str) -> dict[str, object]:
+    found: dict[str, object] = ag.stats()[name]["region"]
+    return found
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", CASES)
+def test_gradients_equal_the_eager_groups_at_special_and_ordinary_points(kind: str,
+                                                                         dtype: torch.dtype) -> None:
+    body, grouped, eager, rows = CASES[kind]
+    x = torch.tensor(rows, dtype=dtype)
+    ag.reset_stats()
+    got, want = grad_of(grouped, x), grad_of(eager, x)
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(got, want)
+    assert region_calls(f"region.{kind}")["compiled_calls"] == 1
+
+
+def test_dynamic_shapes_compile_once_more_and_then_serve_every_batch() -> None:
+    _, grouped, eager, rows = CASES["subgradient"]
+    name = "region.subgradient"
+    before = region_calls(name)["compiles"] if name in ag.stats() else None
+    for batch in (3, 5, 9):
+        x = torch.tensor(rows * batch, dtype=torch.float64)
+        torch.testing.assert_close(grad_of(grouped, x), grad_of(eager, x))
+    assert before is None or region_calls(name)["compiles"] - before <= 2
+
+
+def test_the_flag_is_obeyed_at_every_call_with_one_compile_per_setting() -> None:
+    @ag.autograd_group("region.flag", compile=AOT)
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
+    with ag.registry_scope():
+        _rules("region.flag", "subgradient")
+        plain = grad_of(length, x)
+        assert plain.isnan().any()  # the release's own composite, asked: the rule matters here
+        seen = []
+        for enabled in (True, False, True, False):
+            with ag.special_cases(enabled):
+                seen.append(grad_of(grouped, x))
+        torch.testing.assert_close(seen[1], plain, equal_nan=True)
+        torch.testing.assert_close(seen[3], plain, equal_nan=True)
+        assert torch.isfinite(seen[0]).all() and torch.equal(seen[0], seen[2])
+        assert region_calls("region.flag")["compiles"] == 2
+
+
+def test_torch_func_and_forward_mode_run_the_eager_group_with_its_values() -> None:
+    _, grouped, eager, rows = CASES["subgradient"]
+    x = torch.tensor(rows, dtype=torch.float64)
+    ag.reset_stats()
+
+    def both(transform: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]],
+             *inputs: torch.Tensor) -> None:
+        got = transform(lambda v: grouped(v).sum())(*inputs)
+        want = transform(lambda v: eager(v).sum())(*inputs)
+        torch.testing.assert_close(got, want)
+
+    both(lambda f: torch.func.vmap(torch.func.grad(f)), x)
+    both(lambda f: torch.func.jacrev(torch.func.jacrev(f)), x[1])
+    both(lambda f: torch.func.jacrev(torch.func.jacrev(f)), x[0])
+    both(lambda f: torch.func.jacfwd(torch.func.jacrev(f)), x[1])
+    both(lambda f: (lambda v: torch.func.jvp(f, (v,), (torch.ones_like(v),))), x)
+    both(lambda f: (lambda v: torch.func.jvp(lambda u: torch.func.jvp(f, (u,), (torch.ones_like(u),))[1],
+                                             (v,), (torch.ones_like(v),))), x[1])
+    calls = region_calls("region.subgradient")
+    assert calls["compiled_calls"] == 0
+    assert set(calls["eager_calls"]) == {"torch.func transform"}  # type: ignore[arg-type]
+
+
+def test_dual_numbers_run_the_eager_group() -> None:
+    _, grouped, eager, rows = CASES["subgradient"]
+    x = torch.tensor(rows, dtype=torch.float64)
+    ag.reset_stats()
+    tangents = []
+    import torch.autograd.forward_ad as fwAD
+    for fn in (grouped, eager):
+        with fwAD.dual_level():
+            tangents.append(fwAD.unpack_dual(fn(fwAD.make_dual(x, torch.ones_like(x)))).tangent)
+    torch.testing.assert_close(tangents[0], tangents[1])
+    assert region_calls("region.subgradient")["eager_calls"] == {"forward mode": 1}
+
+
+def test_inside_an_outer_compile_the_group_is_one_region_reused_with_no_graph_break() -> None:
+    _, grouped, eager, rows = CASES["subgradient"]
+    graphs: list[str] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
+        graphs.append(gm.code)
+        return torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)  # type: ignore[no-any-return]
+
+    def model(f: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def calls(v: torch.Tensor) -> torch.Tensor:
+            for _ in range(3):
+                v = f(v) + 1
+            return v
+        return calls
+
+    counters.clear()
+    x = torch.tensor(rows, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # invoke_subgraph on differing tangent layouts
+        got = grad_of(torch.compile(model(grouped), fullgraph=True, backend=keep), x)
+    assert dict(counters["graph_break"]) == {}
+    torch.testing.assert_close(got, grad_of(model(eager), x))
+    assert torch.isfinite(got).all()
+    if hasattr(torch.compiler, "nested_compile_region"):
+        assert graphs[0].count("invoke_subgraph") >= 3
+
+
+def test_past_its_budget_a_group_runs_eagerly_and_says_so_once() -> None:
+    @ag.autograd_group("region.budget", compile={**AOT, "budget": 1})
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    rows = CASES["subgradient"][3]
+    with ag.registry_scope():
+        _rules("region.budget", "subgradient")
+        ag.reset_stats()
+        first = grad_of(grouped, torch.tensor(rows, dtype=torch.float64))
+        told = (r"group 'region\.budget' \(compile=True\) runs eagerly at calls that would compile it "
+                r"again: it has 1 compiled graphs")
+        with pytest.warns(RegionWarning, match=told):
+            other = grad_of(grouped, torch.tensor(rows, dtype=torch.float32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RegionWarning)
+            again = grad_of(grouped, torch.tensor(rows, dtype=torch.float32))
+            served = grad_of(grouped, torch.tensor(rows, dtype=torch.float64))
+    torch.testing.assert_close(other, again)
+    torch.testing.assert_close(other, first.float())
+    torch.testing.assert_close(served, first)
+    calls = region_calls("region.budget")
+    assert calls == {"compiled_calls": 2, "eager_calls": {"recompile budget spent": 2}, "compiles": 1}
+
+
+def test_a_compile_the_backend_refuses_runs_eagerly_and_says_so_once() -> None:
+    def refuse(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
+        raise RuntimeError("this backend compiles nothing")
+
+    @ag.autograd_group("region.refused", compile={"backend": refuse})
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
+    with ag.registry_scope():
+        _rules("region.refused", "subgradient")
+        ag.reset_stats()
+        with pytest.warns(RegionWarning, match=r"runs eagerly from now on: the compiler refused it "
+                                                r"\(BackendCompilerFailed"):
+            got = grad_of(grouped, x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RegionWarning)
+            grad_of(grouped, x)
+    torch.testing.assert_close(got, grad_of(CASES["subgradient"][2], x))
+    assert region_calls("region.refused")["eager_calls"] == {"compile refused": 2}
+
+
+def test_an_error_of_the_users_code_is_raised_as_the_eager_group_raises_it() -> None:
+    @ag.autograd_group("region.user_error", compile=AOT)
+    def grouped(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        grouped(torch.ones(2, 3), torch.ones(2, 3))
+
+
+def test_an_override_whose_check_reads_a_bool_runs_eagerly() -> None:
+    @ag.autograd_group("region.bool_check", compile=AOT)
+    def norm(v: torch.Tensor) -> torch.Tensor:
+        return v.pow(2).sum(-1).sqrt()
+
+    with ag.registry_scope():
+        @ag.special_case("region.bool_check")
+        def fires(ctx: ag.OverrideContext) -> bool:
+            return bool((ctx.outputs[0] == 0).any())
+
+        @fires.backward
+        def zero(ctx: ag.OverrideContext, grad: torch.Tensor) -> tuple[torch.Tensor]:
+            return (torch.zeros_like(ctx.inputs[0]),)
+
+        ag.reset_stats()
+        x = torch.tensor(CASES["override"][3], dtype=torch.float64)
+        assert torch.equal(grad_of(norm, x)[0], torch.zeros(3, dtype=torch.float64))
+    assert region_calls("region.bool_check")["eager_calls"] == {"override check not traceable": 1}
+
+
+def test_a_trace_sees_the_group_it_runs_eagerly() -> None:
+    _, grouped, _, rows = CASES["subgradient"]
+    ag.reset_stats()
+    with ag.trace() as session:
+        grad_of(grouped, torch.tensor(rows, dtype=torch.float64))
+    assert [i.name for i in session.instances] == ["region.subgradient"]
+    assert region_calls("region.subgradient")["eager_calls"] == {"observed by trace or detect_nonfinite": 1}
+
+
+def test_inductor_by_default() -> None:
+    @ag.autograd_group("region.inductor", compile=True)
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    x = torch.tensor(CASES["subgradient"][3], dtype=torch.float32)
+    with ag.registry_scope():
+        _rules("region.inductor", "subgradient")
+        ag.reset_stats()
+        torch.testing.assert_close(grad_of(grouped, x), grad_of(CASES["subgradient"][2], x))
+        assert region_calls("region.inductor") == {"compiled_calls": 1, "eager_calls": {}, "compiles": 1}
+
+
+@pytest.mark.parametrize(("compile", "message"), [
+    ({"backnd": "eager"}, r"group 'g': compile= has no option 'backnd': the options are backend, mode, "
+                          r"dynamic, options, budget"),
+    ({"budget": 0}, r"group 'g': compile=\{'budget': 0\}: the budget is a number of compiled graphs"),
+    ("yes", r"group 'g': compile='yes': give True, False, or a dict"),
+])
+def test_bad_options_are_refused_by_name(compile: object, message: str) -> None:
+    with pytest.raises(ag.GroupError, match=message):
+        ag.autograd_group("g", compile=compile)  # type: ignore[arg-type]
+
+
+def test_a_with_block_cannot_be_compiled_as_a_region() -> None:
+    with pytest.raises(ag.GroupError, match=r"group 'g': compile= compiles a decorated function"), \
+            ag.autograd_group("g", compile=True):
+        pass
