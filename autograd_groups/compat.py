@@ -30,7 +30,7 @@ from .errors import UnsupportedRelease, internal_error
 
 __all__ = [
     "ACCUMULATE_GRAD", "NODE_CLASSES", "TransformType", "add_batch_dim", "compile_refusal",
-    "compiled_autograd_may_run", "compiled_entries",
+    "compiled_autograd_may_run", "compiled_entries", "graphs_compiled",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
     "input_metadata", "is_batchedtensor",
@@ -362,6 +362,14 @@ def compiled_entries(code: types.CodeType) -> int:
     listed = find(sys.modules["torch._dynamo.eval_frame"], "_debug_get_cache_entry_list",
                   "counting a compiled group's recompilations")
     return len(listed(code))
+
+
+def graphs_compiled() -> int:
+    """How many graphs Dynamo has compiled in this process, read cheaply (0 before it is imported)."""
+    if not dynamo_imported():
+        return 0
+    counted = find(sys.modules["torch._dynamo.utils"], "counters", "counting a compiled group's recompilations")
+    return int(counted["stats"]["unique_graphs"])
 
 
 def recompile_limit() -> int:

@@ -88,6 +88,8 @@ class Region:
         self._local = threading.local()
         self._entry = _entry(name, traced, self._ran_eagerly)
         self._compiled: Callable[..., Any] | None = None
+        #: Whether the group's cache holds its budget of graphs: a call that would compile runs eagerly.
+        self._full = False
         #: Why Dynamo or the backend would not compile this group: it runs eagerly from then on.
         self.refused: str | None = None
         self._warned: set[str] = set()
@@ -126,8 +128,10 @@ class Region:
         self._local.eager, self._local.ran_eagerly = eager, False
         if self._compiled is None:
             self._compiled = torch.compile(self._entry, **self._options)
+            self._budget = min(self._budget, compat.recompile_limit())
+        graphs = compat.graphs_compiled()
         try:
-            if self.compiles >= min(self._budget, compat.recompile_limit()):
+            if self._full:
                 with torch.compiler.set_stance("eager_on_recompile"):
                     out = self._compiled(*args, **kwargs)
             else:
@@ -139,6 +143,8 @@ class Region:
             self._warn("refused", f"runs eagerly from now on: the compiler refused it ({self.refused})")
             counters.count_region_call(self.name, "compile refused")
             return out
+        if graphs != compat.graphs_compiled():  # this call compiled a graph (or another thread did)
+            self._full = self.compiles >= self._budget
         if not self._local.ran_eagerly:
             counters.count_region_call(self.name, "compiled")
         return out
@@ -146,6 +152,7 @@ class Region:
     def _ran_eagerly(self) -> Any:
         # Dynamo ran the entry without compiling it: only the budget's stance makes it do that.
         self._local.ran_eagerly = True
+        self._full = self.compiles >= self._budget  # torch._dynamo.reset() empties the cache
         counters.count_region_call(self.name, "recompile budget spent")
         self._warn("budget", f"runs eagerly at calls that would compile it again: it has {self.compiles} "
                              f"compiled graphs, its recompile budget (compile={{'budget': N}} raises it, up "
