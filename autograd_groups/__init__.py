@@ -15,6 +15,7 @@ from .errors import (
     GroupError,
     InertRuleWarning,
     NonFiniteError,
+    RegionWarning,
     RuleError,
     RuleWarning,
     SecondOrderWarning,
@@ -47,7 +48,7 @@ __all__ = [
     "SpecGroup", "SpecHandle", "check_spec", "load_spec", "unload_spec",
     "NonFiniteError", "detect_nonfinite", "ops", "RuleWarning", "InertRuleWarning", "SecondOrderWarning",
     "__version__", "Report", "Row", "verify", "UnsupportedRelease", "doctor", "FirstOrderWarning",
-    "set_rule_checks", "rule_checks_enabled", "ForwardModeWarning",
+    "set_rule_checks", "rule_checks_enabled", "ForwardModeWarning", "RegionWarning",
 ]
 
 

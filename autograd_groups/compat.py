@@ -368,7 +368,8 @@ def graphs_compiled() -> int:
     """How many graphs Dynamo has compiled in this process, read cheaply (0 before it is imported)."""
     if not dynamo_imported():
         return 0
-    counted = find(sys.modules["torch._dynamo.utils"], "counters", "counting a compiled group's recompilations")
+    counted = find(sys.modules["torch._dynamo.utils"], "counters",
+                   "counting a compiled group's recompilations")
     return int(counted["stats"]["unique_graphs"])
 
 

@@ -86,6 +86,11 @@ class SecondOrderWarning(RuleWarning):
     there it is the rule's own derivative (0 for a constant gradient), not the function's."""
 
 
+class RegionWarning(UserWarning):
+    """A group declared ``compile=True`` runs eagerly, with the same rules, at calls it cannot
+    compile: past its recompile budget, or where the compiler refused it."""
+
+
 class ForwardModeWarning(UserWarning):
     """A group's tangents could not use PyTorch's forward-mode formulas (an op has none in the
     running release): they are the transpose of the group's whole vjp, whose double backward may be

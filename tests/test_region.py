@@ -19,7 +19,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import autograd_groups as ag
-from autograd_groups.groups.region import RegionWarning
+from autograd_groups import RegionWarning
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compile")]
 
@@ -290,8 +290,8 @@ def test_inductor_by_default() -> None:
 @pytest.mark.parametrize(("compile", "message"), [
     ({"backnd": "eager"}, r"group 'g': compile= has no option 'backnd': the options are backend, mode, "
                           r"dynamic, options, budget"),
-    ({"budget": 0}, r"group 'g': compile=\{'budget': 0\}: the budget is a number of compiled graphs"),
-    ("yes", r"group 'g': compile='yes': give True, False, or a dict"),
+    ({"budget": 0}, r"group 'g': compile= has budget 0: the budget is a number of compiled graphs"),
+    ("yes", r"group 'g': compile= is 'yes': give True, False, or a mapping of the options"),
 ])
 def test_bad_options_are_refused_by_name(compile: object, message: str) -> None:
     with pytest.raises(ag.GroupError, match=message):
@@ -302,3 +302,38 @@ def test_a_with_block_cannot_be_compiled_as_a_region() -> None:
     with pytest.raises(ag.GroupError, match=r"group 'g': compile= compiles a decorated function"), \
             ag.autograd_group("g", compile=True):
         pass
+
+
+SPEC = """
+- name: region.spec(Tensor v) -> Tensor
+  compile: {backend: aot_eager}
+  special_cases:
+    - subgradient: {op: sqrt, when: "result == 0", grad: 0}
+"""
+
+
+def test_a_spec_compiles_the_functions_of_its_group_while_it_is_loaded() -> None:
+    @ag.autograd_group("region.spec")
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
+    ag.reset_stats()
+    with ag.registry_scope(), ag.load_spec(SPEC):
+        got = grad_of(grouped, x)
+        assert region_calls("region.spec")["compiled_calls"] == 1
+    torch.testing.assert_close(got, grad_of(CASES["subgradient"][2], x))
+    grad_of(grouped, x)  # unloaded: an eager group again, as decorated
+    assert region_calls("region.spec")["compiled_calls"] == 1
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("{backnd: eager}", "'compile' has no option 'backnd': the options are backend, mode, dynamic, options, "
+                        "budget"),
+    ("{budget: -1}", "'compile' has budget -1: the budget is a number of compiled graphs, an int of 1 or "
+                     "more"),
+    ("[1, 2]", "'compile' is a list"),
+])
+def test_a_specs_compile_is_checked(value: str, message: str) -> None:
+    spec = f"- name: g(Tensor v) -> Tensor\n  compile: {value}\n  special_cases: [nan_safe: true]\n"
+    assert [e[1:] for e in ag.check_spec(spec)] == [(2, 12, message)]

@@ -96,7 +96,8 @@ def test_unknown_key_in_a_group_with_a_suggestion() -> None:
         ("<string>", *at(spec, 1, "name"), "a group has no 'special_cases'; it needs 'name' and "
                                            "'special_cases'"),
         ("<string>", *at(spec, 2, "special_case"), "unknown key 'special_case' in a group; the keys are "
-                                                   "name, doc, special_cases; did you mean 'special_cases'?"),
+                                                   "name, doc, special_cases, compile; did you mean "
+                                                   "'special_cases'?"),
     ]
 
 

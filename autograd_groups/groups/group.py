@@ -16,7 +16,7 @@ from .. import compat, flag
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..levels import graph_roots
-from ..rules import registry
+from ..rules import compile_options, registry
 from ..rules.kinds import OverrideContext
 from ..sites import forward_sites, second_order, tangents
 from . import compiled, region
@@ -151,7 +151,7 @@ class autograd_group:
     def __init__(self, name: str, compile: bool | Mapping[str, Any] = False) -> None:
         if not isinstance(name, str) or not name:
             raise GroupError(f"a group name must be a non-empty string, not {name!r}")
-        self._compile = region.options_of(name, compile)
+        self._compile = compile_options.options_of(name, compile)
         if not torch.compiler.is_dynamo_compiling():  # a set Dynamo need not trace into the graph
             registry.declare(name)
         self.name = name
@@ -221,17 +221,24 @@ class autograd_group:
         def opaque(*args: Any, **kwargs: Any) -> Any:
             return compiled.enter(in_graph, args, kwargs)
 
-        compiled_region = None if self._compile is None else region.Region(name, self._compile, traced)
+        declared = self._compile
+        # The regions of this function, by the options (the decorator's, or a spec's ``compile:``).
+        regions: dict[int, tuple[dict[str, Any], region.Region]] = {}
         # Inside an outer torch.compile, a compiled group's opaque call is compiled once and reused.
-        reused = None if compiled_region is None else region.reused(opaque)
+        reused = region.reused(opaque)
 
         @functools.wraps(fn)
         def grouped(*args: Any, **kwargs: Any) -> Any:
+            options = declared if declared is not None else compile_options.declared(name)
             if torch.compiler.is_dynamo_compiling():
-                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs, reused)
-            if compiled_region is not None:
+                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs,
+                                            None if options is None else reused)
+            if options is not None:
                 where = caller(2)
-                return compiled_region(args, kwargs, lambda: eager_group(args, kwargs, where))
+                found = regions.get(id(options))
+                if found is None or found[0] is not options:
+                    found = regions[id(options)] = (options, region.Region(name, options, traced))
+                return found[1](args, kwargs, lambda: eager_group(args, kwargs, where))
             return eager_group(args, kwargs, caller(2))
 
         def eager_group(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[str, int]) -> Any:

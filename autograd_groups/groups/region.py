@@ -29,50 +29,13 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..errors import GroupError
+from ..errors import RegionWarning
 from ..flag import current_state
 from ..frames import user_frame
 from ..observe import counters
+from ..rules.compile_options import BUDGET, TORCH_OPTIONS
 from ..rules.registry import breaks_graph
 from . import compiled
-
-#: The options of ``compile={...}`` passed on to ``torch.compile``, and the group's own budget.
-TORCH_OPTIONS = ("backend", "mode", "dynamic", "options")
-OPTIONS = (*TORCH_OPTIONS, "budget")
-#: Compiled graphs a group may keep (flag settings, dtypes, shapes, grad modes), at most Dynamo's
-#: own limit per code object, past which Dynamo would raise under ``fullgraph=True``.
-BUDGET = 8
-
-
-class RegionWarning(UserWarning):
-    """A group declared ``compile=True`` runs eagerly from now on at some calls, and why."""
-
-
-def options_of(name: str, compile: bool | Mapping[str, Any]) -> dict[str, Any] | None:
-    """The ``torch.compile`` options and budget of group ``name`` declared with ``compile=``, or
-    None for an eager group.
-
-    >>> options_of("g", {"backend": "aot_eager"})
-    {'backend': 'aot_eager'}
-    >>> options_of("g", False) is None
-    True
-    """
-    if compile is False:
-        return None
-    if compile is True:
-        return {}
-    if not isinstance(compile, Mapping):
-        raise GroupError(f"group {name!r}: compile={compile!r}: give True, False, or a dict of the options "
-                         f"{', '.join(OPTIONS)}")
-    unknown = sorted(set(compile) - set(OPTIONS))
-    if unknown:
-        raise GroupError(f"group {name!r}: compile= has no option {', '.join(map(repr, unknown))}: the "
-                         f"options are {', '.join(OPTIONS)} (documentation: 'Compiled groups')")
-    budget = compile.get("budget", BUDGET)
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise GroupError(f"group {name!r}: compile={{'budget': {budget!r}}}: the budget is a number of "
-                         f"compiled graphs, an int of 1 or more")
-    return dict(compile)
 
 
 class Region:

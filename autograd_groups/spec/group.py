@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..rules.kinds import Rule
 
@@ -11,7 +12,8 @@ from ..rules.kinds import Rule
 class SpecGroup:
     """A group of a spec: its signature, doc and rules, and where it is defined.
 
-    ``where`` is the ``file:line:col`` of the group's name, ``rule_wheres`` that of each rule.
+    ``where`` is the ``file:line:col`` of the group's name, ``rule_wheres`` that of each rule;
+    ``compile`` the ``torch.compile`` options that the spec's ``compile:`` gives its functions.
     Read from a file, ``rules`` are the rules the spec declares; in a :class:`SpecHandle`, they are
     the rule objects registered (those registered before, where a group had the same rules already).
 
@@ -31,6 +33,8 @@ class SpecGroup:
     rules: tuple[Rule, ...]
     where: str
     rule_wheres: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    #: ``compile:``: the options its decorated functions compile with (None: as the decorator says).
+    compile: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
 
 def position(where: str) -> tuple[str, int, int]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import frames
 from ..errors import RuleError, SpecError
-from ..rules import registry
+from ..rules import compile_options, registry
 from ..rules.kinds import Rule
 from .group import SpecGroup, position
 
@@ -57,11 +57,14 @@ class SpecHandle:
         return f"<SpecHandle {self.source}: {', '.join(g.name for g in self.groups) or 'no groups'}>"
 
     def unload(self) -> None:
-        """Unregister this load's rules; rules already gone (e.g. by a ``registry_scope``) are skipped."""
+        """Unregister this load's rules and its groups' ``compile:``; rules already gone (e.g. by a
+        ``registry_scope``) are skipped."""
         for group in self.groups:
             for rule in group.rules:
                 if rule in registry.list_rules().get(group.name, ()):
                     registry.unregister_rule(group.name, rule)
+            if group.compile is not None and compile_options.declared(group.name) == group.compile:
+                compile_options.declare(group.name, None)
 
     def __enter__(self) -> SpecHandle:
         return self
@@ -176,6 +179,8 @@ def load_spec(source: Source, *, allow_imports: bool = True, replace: bool = Fal
     for group in loaded:
         for rule in group.rules:
             _origins.setdefault(rule, group)
+        if group.compile is not None:
+            compile_options.declare(group.name, group.compile)
     return SpecHandle(label, loaded)
 
 

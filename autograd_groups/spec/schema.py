@@ -21,7 +21,7 @@ import yaml
 
 from .. import nodes
 from ..errors import ExpressionError, RuleError, internal_error
-from ..rules import expr, registry
+from ..rules import compile_options, expr, registry
 from ..rules.kinds import NanSafe, Override, Rule, Subgradient, input_problem
 from .document import Document, describe, scalar
 from .group import SpecGroup
@@ -33,7 +33,7 @@ Where = tuple[str, int, int]
 #: (``autograd-groups check``), ``refuse`` makes it an error (``allow_imports=False``).
 Imports = Literal["run", "find", "refuse"]
 
-GROUP_KEYS = {"name": True, "doc": False, "special_cases": True}
+GROUP_KEYS = {"name": True, "doc": False, "special_cases": True, "compile": False}
 KINDS = ("subgradient", "nan_safe", "override")
 SUBGRADIENT_KEYS = {"op": True, "when": True, "grad": False, "input": False, "doc": False}
 NAN_SAFE_KEYS = {"doc": False}
@@ -89,6 +89,7 @@ class _Checker:
             except SignatureError as e:
                 self._at_column(fields["name"], e.col, e.message)
         doc = self._string(fields["doc"], "'doc'") if "doc" in fields else ""
+        compile = self._compile(fields["compile"]) if "compile" in fields else False
         rules = []
         if "special_cases" in fields:
             rules = self._special_cases(fields["special_cases"], parsed.name if parsed else "?")
@@ -99,7 +100,23 @@ class _Checker:
         position, _ = self.doc.inner(fields["name"], 1 + len(signature) - len(signature.lstrip()))
         return SpecGroup(parsed.name, " ".join(signature.split()), parsed.params, parsed.returns, doc or "",
                          tuple(rule for rule, _ in rules), _text((self.doc.file, *position)),
-                         tuple(_text(where) for _, where in rules))
+                         tuple(_text(where) for _, where in rules),
+                         compile_options.options_of(parsed.name, compile))
+
+    def _compile(self, node: yaml.Node) -> bool | dict[str, Any]:
+        """A group's ``compile:``: true, false, or a mapping of scalar options (False where wrong)."""
+        value: Any = scalar(node)
+        if isinstance(node, yaml.MappingNode):
+            value = {scalar(k): scalar(v) for k, v in node.value}
+            if any(v is ... or not isinstance(k, str) for k, v in value.items()):
+                self.doc.error(node, "'compile' options are names with plain values, as in "
+                                     "'compile: {backend: aot_eager, budget: 4}'")
+                return False
+        found = compile_options.problem(value) if value is not ... else f"is {describe(node)}"
+        if found is not None:
+            self.doc.error(node, f"'compile' {found}")
+            return False
+        return value
 
     def _special_cases(self, node: yaml.Node, group: str) -> list[tuple[Rule, Where]]:
         if isinstance(node, yaml.SequenceNode) and not node.value:
