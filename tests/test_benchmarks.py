@@ -153,3 +153,18 @@ def test_bench_doctor_runs_its_rows() -> None:
     assert [row.split(" | ")[0] for row in rows] == [
         "| doctor's trigger per backward / plain step, batch 64 / batch 256",
         "| doctor's instrumented step / plain step, batch 64 / batch 256"]
+
+
+def test_bench_region_runs_its_rows() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_region.py"), "--quick",
+                           "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split(" | ")[0] for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert rows == [
+        "| Rodrigues, compile=True group / hand double-where eager, batch 64",
+        "| Rodrigues, compile=True group / hand double-where eager, batch 4096",
+        "| Rodrigues, compile=True group / hand double-where eager, batch 65536",
+        "| entropy (4096, 64), compile=True group / hand eager",
+        "| compile=True group / plain torch.compile of the hand code, Rodrigues 64 / 4096 / 65536, entropy",
+        "| tiny 3-op compile=True group per call / plain compiled function of the body",
+        "| saved bytes, compile=True group / hand eager: Rodrigues, entropy, ops.cdist"]

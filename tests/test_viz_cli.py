@@ -380,3 +380,27 @@ def test_stats_draws_keep_on_in_a_neutral_colour_and_only_non_finite_gradients_i
     drawn = {verdict: codes.split(";") for codes, verdict in styled}
     red = "31"  # the ANSI foreground code of the error colour
     assert red not in drawn["keep on"] and red in drawn["non-finite gradients"], drawn
+
+
+REGION = """
+import torch
+import autograd_groups as ag
+
+@ag.autograd_group("length", compile=True)
+def length(v):
+    return v.pow(2).sum(-1).sqrt()
+
+ag.register_rule("length", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+for _ in range(2):
+    v = torch.zeros(2, 3, requires_grad=True)
+    length(v).sum().backward()
+"""
+
+
+def test_stats_says_how_the_calls_of_a_compiled_group_ran(tmp_path: Path) -> None:
+    """Under ``stats`` a ``compile=True`` group runs eagerly, so that every rule hit is counted."""
+    done = run("stats", str(script(tmp_path, REGION)))
+    assert done.returncode == 0, done.stderr
+    assert ("length (compile=True): 0 calls compiled, 2 eagerly (observed by trace or detect_nonfinite: 2); "
+            "0 compiled graphs") in done.stdout
+    assert "keep on" in done.stdout  # its rule's hits, counted

@@ -144,9 +144,11 @@ def _report(as_json: bool) -> None:
     from ..viz import stats
 
     registered = ag.list_rules()
-    found, unused = stats.reports(ag.stats(), registered), registry.unused()
+    counts = ag.stats()
+    found, unused = stats.reports(counts, registered), registry.unused()
     if as_json:
-        print(json.dumps(stats.to_json(found, unused), indent=2))
+        print(json.dumps({**stats.to_json(found, unused), "regions": {
+            name: count["region"] for name, count in counts.items() if "region" in count}}, indent=2))
         return
     console = Console()
     if not found:
@@ -160,6 +162,8 @@ def _report(as_json: bool) -> None:
             console.print(meaning, markup=False, highlight=False)
         for text in stats.unchanged_lines(found):
             console.print(text, markup=False, highlight=False)
+    for text in stats.region_lines(counts):
+        console.print(text, markup=False, highlight=False)
     for text in stats.unused_lines(unused, registered):
         console.print(text, markup=False, highlight=False)
     off = stats.off_line(found)

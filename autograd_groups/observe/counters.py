@@ -193,7 +193,8 @@ def stats() -> dict[str, dict[str, Any]]:
     for a group with no rules registered, such as a misspelled name), per rule its kind, calls,
     firings (override) and elements changed (subgradient, nan_safe; counted while traced), the
     calls whose elements could not be counted (``uncounted``: under ``vmap``, a rule's mask is a
-    batch), and
+    batch), for a group declared ``compile=True`` its ``region`` (``compiled_calls``,
+    ``eager_calls`` by the reason they ran eagerly, ``compiles``: graphs in its cache), and
     ``sites``: the same counts per line of code (``file:line``) that created its instances.
 
     >>> import autograd_groups as ag

@@ -187,6 +187,27 @@ def to_json(found: Sequence[GroupReport], unused: Mapping[str, Sequence[str]] | 
     }
 
 
+def region_lines(counts: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per group declared ``compile=True``: how many calls ran compiled, how many eagerly and why,
+    and how many graphs its cache holds.
+
+    >>> region_lines({"g": {"region": {"compiled_calls": 3, "eager_calls": {"torch.func transform": 1},
+    ...                                "compiles": 1}}})
+    ['g (compile=True): 3 calls compiled, 1 eagerly (torch.func transform: 1); 1 compiled graph']
+    """
+    lines = []
+    for name in sorted(counts):
+        region = counts[name].get("region")
+        if region is None:
+            continue
+        eager = region["eager_calls"]
+        why = f" ({', '.join(f'{reason}: {n}' for reason, n in eager.items())})" if eager else ""
+        graphs = region["compiles"]
+        lines.append(f"{name} (compile=True): {region['compiled_calls']} calls compiled, "
+                     f"{sum(eager.values())} eagerly{why}; {graphs} compiled graph{'s' * (graphs != 1)}")
+    return lines
+
+
 def legend(found: Sequence[GroupReport]) -> list[str]:
     """One line per verdict that appears in ``found``: what it means."""
     verdicts = dict.fromkeys(r.verdict for r in found)
