@@ -28,22 +28,32 @@ GLOBAL_BATCH = 8
 POINTS, DIM = 4, 3
 
 
+@ag.autograd_group("ddp.pairwise", compile={"backend": "aot_eager"})
+def pairwise(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``ops.cdist`` inside a group compiled as its own region."""
+    return ag.ops.cdist(a, b)
+
+
+#: The distances each variant of the model uses.
+PAIRWISE = {"builtin": ag.ops.cdist, "compiled group": pairwise}
+
+
 class BagModel(torch.nn.Module):
     """Per sample: embed a bag of points, penalise their pairwise distances' distance from 1."""
 
-    def __init__(self) -> None:
+    def __init__(self, variant: str = "builtin") -> None:
         super().__init__()
         self.lin = torch.nn.Linear(DIM, DIM, dtype=torch.float64)
-        self.cdist = ag.ops.cdist
+        self.cdist = PAIRWISE[variant]
 
     def forward(self, bags: torch.Tensor) -> torch.Tensor:
         z = torch.tanh(self.lin(bags))
         return (self.cdist(z, z) - 1.0).pow(2).mean(dim=(-2, -1))
 
 
-def _model() -> BagModel:
+def _model(variant: str = "builtin") -> BagModel:
     torch.manual_seed(0)
-    return BagModel()
+    return BagModel(variant)
 
 
 def _data() -> torch.Tensor:
@@ -65,23 +75,25 @@ def _train(model: torch.nn.Module, batches: torch.Tensor) -> dict[str, torch.Ten
     return result
 
 
-def _rank(rank: int, rendezvous: str, out: str) -> None:
+def _rank(rank: int, rendezvous: str, out: str, variant: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=120))
     try:
         share = GLOBAL_BATCH // WORLD
         batches = _data()[:, rank * share:(rank + 1) * share]
-        torch.save(_train(DistributedDataParallel(_model()), batches), os.path.join(out, f"rank{rank}.pt"))
+        torch.save(_train(DistributedDataParallel(_model(variant)), batches),
+                   os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def test_ddp_two_ranks_equal_single_process_on_the_global_batch(tmp_path: Path,
+@pytest.mark.parametrize("variant", PAIRWISE)
+def test_ddp_two_ranks_equal_single_process_on_the_global_batch(variant: str, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # loopback only; the ranks inherit it
-    mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=WORLD, join=True)
-    assert_ranks_equal_single(tmp_path, WORLD, _train(_model(), _data()))
+    mp.spawn(_rank, args=(str(tmp_path / "rendezvous"), str(tmp_path), variant), nprocs=WORLD, join=True)
+    assert_ranks_equal_single(tmp_path, WORLD, _train(_model(variant), _data()))
 
 
 def test_the_model_needs_the_rule() -> None:

@@ -1,6 +1,7 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``): 2 processes (gloo, loopback only) whose model's
-loss uses ``ag.ops.cdist`` and ``ag.ops.vector_norm`` at their special points end a step with the
-gradients of one process on the global batch, eagerly and under ``torch.compile``.
+loss uses ``ag.ops.cdist`` and ``ag.ops.vector_norm`` at their special points (the norm inside a group
+compiled as its own region) end a step with the gradients of one process on the global batch,
+eagerly and under ``torch.compile``.
 
 Each sample is a bag of points: their pairwise distances include a zero diagonal, and one point of
 each bag is embedded at the origin, where the norm's gradient needs its rule.
@@ -27,6 +28,12 @@ GLOBAL_BATCH = 4
 POINTS, DIM = 4, 3
 
 
+@ag.autograd_group("fsdp.lengths", compile={"backend": "aot_eager"})
+def lengths(z: torch.Tensor) -> torch.Tensor:
+    """``ops.vector_norm`` inside a group compiled as its own region."""
+    return ag.ops.vector_norm(z, dim=-1)
+
+
 class BagModel(torch.nn.Module):
     """Per sample: embed a bag of points (the last one at 0), penalise their pairwise distances'
     distance from 1 and their norms."""
@@ -37,7 +44,7 @@ class BagModel(torch.nn.Module):
 
     def forward(self, bags: torch.Tensor) -> torch.Tensor:
         z = self.lin(bags)
-        return (ag.ops.cdist(z, z) - 1.0).pow(2).mean(dim=(-2, -1)) + ag.ops.vector_norm(z, dim=-1).mean(-1)
+        return (ag.ops.cdist(z, z) - 1.0).pow(2).mean(dim=(-2, -1)) + lengths(z).mean(-1)
 
 
 def _model() -> BagModel:

@@ -1,0 +1,106 @@
+"""A group compiled as its own region in every way PyTorch runs code: checkpointing, autocast,
+compiled autograd, inference, a backward-scoped flag, ``torch.export`` and TorchScript. Each gives
+the eager group's values, or what the eager group says in that mode. (``torch.func``, forward mode
+and an outer ``torch.compile``: tests/test_region.py; DDP and FSDP2: tests/test_ddp.py and
+tests/test_fsdp.py.)"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import autograd_groups as ag
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compile")]
+
+RULE = ag.Subgradient(op="sqrt", when="result == 0", grad=0)
+
+
+def length(v: torch.Tensor) -> torch.Tensor:
+    return v.pow(2).sum(-1, keepdim=True).sqrt() * v
+
+
+ag.register_rule("modes.region", RULE)
+ag.register_rule("modes.eager", RULE)
+region = ag.autograd_group("modes.region", compile={"backend": "aot_eager"})(length)
+eager = ag.autograd_group("modes.eager")(length)
+
+
+def rows(dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.tensor([[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]], dtype=dtype)
+
+
+def grad_of(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    x = x.detach().requires_grad_()
+    fn(x).sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
+def compiled_calls() -> int:
+    calls: int = ag.stats()["modes.region"]["region"]["compiled_calls"]
+    return calls
+
+
+def test_under_checkpointing() -> None:
+    ag.reset_stats()
+    got = grad_of(lambda v: checkpoint(region, v, use_reentrant=False), rows())
+    torch.testing.assert_close(got, grad_of(eager, rows()))
+    assert compiled_calls() >= 1
+
+
+def test_under_autocast() -> None:
+    x = rows(torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = grad_of(region, x), grad_of(eager, x)
+    torch.testing.assert_close(got, want)
+    assert torch.isfinite(got).all()
+
+
+def test_under_compiled_autograd() -> None:
+    ag.reset_stats()
+    x = rows().requires_grad_()
+    with torch._dynamo.compiled_autograd._enable(torch.compile(backend="aot_eager")):
+        (region(x) * torch.arange(3.0, dtype=x.dtype)).sum().backward()
+    want = rows().requires_grad_()
+    (eager(want) * torch.arange(3.0, dtype=want.dtype)).sum().backward()
+    torch.testing.assert_close(x.grad, want.grad)
+    assert compiled_calls() == 1
+
+
+def test_inference() -> None:
+    with torch.no_grad():
+        torch.testing.assert_close(region(rows()), length(rows()))
+
+
+def test_a_backward_scope_cannot_reach_its_compiled_rules_and_says_so() -> None:
+    x = rows().requires_grad_()
+    loss = region(x).sum()
+    with pytest.warns(UserWarning, match=r"cannot turn off the rules of 'modes\.region' inside "
+                                         r"torch\.compile'd"), ag.special_cases(False, during="backward"):
+        loss.backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_export_and_torchscript_say_what_they_do_with_its_rules() -> None:
+    class Model(torch.nn.Module):
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return region(v)
+
+    with pytest.warns(UserWarning, match=r"group 'modes\.region' has special-case rules that torch\.export "
+                                         r"cannot carry"):
+        torch.export.export(Model(), (rows(),))
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=r"torch\.export \(strict\) cannot carry"):
+        torch.export.export(Model(), (rows(),), strict=True)
+    told = r"group 'modes\.region' has special-case rules that torch\.jit\.trace"
+    with pytest.warns(UserWarning, match=told):
+        torch.jit.trace(Model(), (rows(),))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's own, on newer releases
+        with pytest.raises(ag.GroupError, match=r"group 'modes\.region' has special-case rules that "
+                                                r"TorchScript"):
+            torch.jit.script(region)
