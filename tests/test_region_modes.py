@@ -78,9 +78,12 @@ def test_inference() -> None:
 
 
 def test_a_backward_scope_cannot_reach_its_compiled_rules_and_says_so() -> None:
+    scoped = ag.autograd_group("modes.scoped", compile={"backend": "aot_eager"})(length)
     x = rows().requires_grad_()
-    loss = region(x).sum()
-    with pytest.warns(UserWarning, match=r"cannot turn off the rules of 'modes\.region' inside "
+    with ag.registry_scope():
+        ag.register_rule("modes.scoped", RULE)
+        loss = scoped(x).sum()
+    with pytest.warns(UserWarning, match=r"cannot turn off the rules of 'modes\.scoped' inside "
                                          r"torch\.compile'd"), ag.special_cases(False, during="backward"):
         loss.backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()

@@ -215,9 +215,6 @@ class autograd_group:
         def eager(*args: Any, **kwargs: Any) -> Any:
             return run(args, kwargs, flag.current_state().for_group(name), defined)
 
-        def traced(*args: Any, **kwargs: Any) -> Any:
-            return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
-
         def opaque(*args: Any, **kwargs: Any) -> Any:
             return compiled.enter(in_graph, args, kwargs)
 
@@ -237,7 +234,7 @@ class autograd_group:
                 where = caller(2)
                 found = regions.get(id(options))
                 if found is None or found[0] is not options:
-                    found = regions[id(options)] = (options, region.Region(name, options, traced))
+                    found = regions[id(options)] = (options, region.Region(name, options, in_graph, fn))
                 return found[1](args, kwargs, lambda: eager_group(args, kwargs, where))
             return eager_group(args, kwargs, caller(2))
 

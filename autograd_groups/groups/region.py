@@ -1,14 +1,17 @@
 """A group compiled as its own region: ``@autograd_group(name, compile=True)``.
 
-Called from eager code, the group runs through its own ``torch.compile`` of one small entry
-function. Dynamo traces the entry as it traces any model that calls the group (compiled.py): the
-group becomes one opaque call, AOTAutograd runs it and records the rules' compare and select into
-the compiled backward, and inductor fuses them with the ops' derivatives. No rule is realised a
-second way.
+Called from eager code, the group runs through its own ``torch.compile`` of one of two small entry
+functions. With special cases on for it and rules registered, the entry makes the group's opaque
+call (compiled.py), as a model compiled around the group does: AOTAutograd runs the group and
+records the rules' compare and select into the compiled backward, and inductor fuses them with the
+ops' derivatives, so no rule is realised a second way. Otherwise the entry runs the group's function
+as plain ops.
 
-Each group's entry has a code object of its own, so each has its own Dynamo cache: groups do not
-share one recompile limit. The flag and the registry's generation are read in the traced frame,
-so Dynamo guards on them: one cache entry per setting, and a changed registry compiles once more.
+Each entry of each group has a code object of its own, so each has a Dynamo cache of its own:
+groups do not share one recompile limit. What the eager caller decided (the flag's setting, the
+registry's generation, whether an observer or a transform needs the eager group) is decided before
+the call; the first two are arguments Dynamo guards on by value: one graph per setting, and a
+changed registry compiles once more. The entry reads no global state, so its guards are few.
 Past the group's budget of compiled graphs, a call that would compile again runs eagerly
 (``set_stance("eager_on_recompile")`` around the call: graphs already compiled still serve).
 
@@ -21,7 +24,9 @@ traced, and where Dynamo or the backend refused to compile it (said once, by a w
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import types
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,24 +39,27 @@ from ..flag import current_state
 from ..frames import user_frame
 from ..observe import counters
 from ..rules.compile_options import BUDGET, TORCH_OPTIONS
-from ..rules.registry import breaks_graph
+from ..rules.registry import breaks_graph, generation, has_rules
 from . import compiled
 
 
 class Region:
-    """Group ``name`` compiled as its own region; ``traced`` is what Dynamo traces at a call (the
-    group's opaque call)."""
+    """Group ``name`` compiled as its own region: ``in_graph`` is its opaque call (compiled.py),
+    ``plain`` its function, which runs as plain ops where the group has no rule to apply."""
 
-    def __init__(self, name: str, options: Mapping[str, Any], traced: Callable[..., Any]) -> None:
+    def __init__(self, name: str, options: Mapping[str, Any], in_graph: compiled.InGraph,
+                 plain: Callable[..., Any]) -> None:
         self.name = name
         self._budget: int = options.get("budget", BUDGET)
         self._options = {"fullgraph": True, **{k: v for k, v in options.items() if k in TORCH_OPTIONS}}
-        # The eager group for the call running now in this thread, which the entry runs when
-        # Dynamo runs it without compiling.
+        # The eager group for the call running now in this thread, which an entry runs when Dynamo
+        # runs it without compiling.
         self._local = threading.local()
-        self._entry = _entry(name, traced, self._ran_eagerly)
-        self._compiled: Callable[..., Any] | None = None
-        #: Whether the group's cache holds its budget of graphs: a call that would compile runs eagerly.
+        self._in_graph, self._plain = in_graph, plain
+        #: The compiled entries, with rules and plain, made at the first call (this imports Dynamo).
+        self._entries: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+        self._codes: tuple[types.CodeType, ...] = ()
+        #: Whether the group's caches hold its budget of graphs: a call that would compile runs eagerly.
         self._full = False
         #: Why Dynamo or the backend would not compile this group: it runs eagerly from then on.
         self.refused: str | None = None
@@ -60,8 +68,8 @@ class Region:
 
     @property
     def compiles(self) -> int:
-        """How many compiled graphs the group's cache holds."""
-        return compat.compiled_entries(self._entry.__code__)
+        """How many compiled graphs the group's caches hold."""
+        return sum(compat.compiled_entries(code) for code in self._codes)
 
     def declines(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """Why this call must run eagerly, or None to run it compiled."""
@@ -89,16 +97,19 @@ class Region:
             counters.count_region_call(self.name, reason)
             return eager()
         self._local.eager, self._local.ran_eagerly = eager, False
-        if self._compiled is None:
-            self._compiled = torch.compile(self._entry, **self._options)
-            self._budget = min(self._budget, compat.recompile_limit())
+        if self._entries is None:
+            self._entries = self._compile()
+        with_rules, plain = self._entries
+        state = current_state()
         graphs = compat.graphs_compiled()
         try:
-            if self._full:
-                with torch.compiler.set_stance("eager_on_recompile"):
-                    out = self._compiled(*args, **kwargs)
-            else:
-                out = self._compiled(*args, **kwargs)
+            with torch.compiler.set_stance("eager_on_recompile") if self._full else contextlib.nullcontext():
+                # The flag's setting and the registry's generation are arguments: Dynamo guards on
+                # their values, one graph per setting, and a changed registry compiles once more.
+                if state.for_group(self.name) and has_rules(self.name):
+                    out = with_rules(state.key, generation(), *args, **kwargs)
+                else:
+                    out = plain(*args, **kwargs)
         except compat.compile_refusal() as error:
             # The eager group raises the user's own error, if that is what stopped the compiler.
             out = eager()
@@ -111,6 +122,29 @@ class Region:
         if not self._local.ran_eagerly:
             counters.count_region_call(self.name, "compiled")
         return out
+
+    def _compile(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        self._budget = min(self._budget, compat.recompile_limit())
+        opaque = compat.nonstrict_trace(self._in_graph)
+        plain = self._plain
+
+        def with_rules(flag_key: tuple[Any, ...], generation: int, *args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_dynamo_compiling():
+                return opaque(flag_key, generation, False, args, kwargs)
+            return self._ran_eagerly()
+
+        def without(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_dynamo_compiling():
+                return plain(*args, **kwargs)
+            return self._ran_eagerly()
+
+        # A code object of its own per group and entry: a Dynamo cache of its own.
+        entries = []
+        for entry, kind in ((with_rules, "rules"), (without, "plain")):
+            entry.__code__ = entry.__code__.replace(co_name=f"autograd_group_{kind}_{self.name}")
+            entries.append(torch.compile(entry, **self._options))
+        self._codes = (with_rules.__code__, without.__code__)
+        return entries[0], entries[1]
 
     def _ran_eagerly(self) -> Any:
         # Dynamo ran the entry without compiling it: only the budget's stance makes it do that.
@@ -131,19 +165,6 @@ class Region:
             f"group {self.name!r} (compile=True) {why}; the eager group has the same rules, and "
             f"`autograd-groups stats` counts its calls by how they ran",
             RegionWarning, file, line)
-
-
-def _entry(name: str, traced: Callable[..., Any], eager: Callable[[], Any]) -> Callable[..., Any]:
-    """The function ``torch.compile`` compiles for group ``name``, with a code object of its own."""
-    def entry(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_dynamo_compiling():
-            return traced(*args, **kwargs)
-        # Dynamo ran this frame without compiling it (the budget's stance): the eager group runs.
-        return eager()
-
-    entry.__code__ = entry.__code__.replace(co_name=f"autograd_group_{name}")
-    entry.__qualname__ = entry.__name__ = entry.__code__.co_name
-    return entry
 
 
 def reused(fn: Callable[..., Any]) -> Callable[..., Any]:
