@@ -366,11 +366,15 @@ def compiled_entries(code: types.CodeType) -> int:
 
 def graphs_compiled() -> int:
     """How many graphs Dynamo has compiled in this process, read cheaply (0 before it is imported)."""
-    if not dynamo_imported():
-        return 0
-    counted = find(sys.modules["torch._dynamo.utils"], "counters",
-                   "counting a compiled group's recompilations")
-    return int(counted["stats"]["unique_graphs"])
+    if not _dynamo_counters:
+        if not dynamo_imported():
+            return 0
+        _dynamo_counters.append(find(sys.modules["torch._dynamo.utils"], "counters",
+                                     "counting a compiled group's recompilations"))
+    return int(_dynamo_counters[0]["stats"]["unique_graphs"])
+
+
+_dynamo_counters: list[Any] = []
 
 
 def recompile_limit() -> int:
