@@ -107,3 +107,14 @@ def test_export_and_torchscript_say_what_they_do_with_its_rules() -> None:
         with pytest.raises(ag.GroupError, match=r"group 'modes\.region' has special-case rules that "
                                                 r"TorchScript"):
             torch.jit.script(region)
+
+
+def test_a_double_backward_through_its_compiled_backward_names_the_group() -> None:
+    x = rows().requires_grad_()
+    (grad,) = torch.autograd.grad(region(x).sum(), x, create_graph=True)
+    torch.testing.assert_close(grad, grad_of(eager, rows()))
+    with pytest.raises(ag.GroupError, match=r"group 'modes\.region' \(compile=True\): a gradient of its "
+                                            r"compiled backward was asked for"):
+        grad.pow(2).sum().backward()
+    hessian = torch.func.hessian(lambda v: region(v).sum())(rows()[1])  # eager under torch.func
+    torch.testing.assert_close(hessian, torch.func.hessian(lambda v: eager(v).sum())(rows()[1]))
