@@ -337,3 +337,38 @@ def test_a_spec_compiles_the_functions_of_its_group_while_it_is_loaded() -> None
 def test_a_specs_compile_is_checked(value: str, message: str) -> None:
     spec = f"- name: g(Tensor v) -> Tensor\n  compile: {value}\n  special_cases: [nan_safe: true]\n"
     assert [e[1:] for e in ag.check_spec(spec)] == [(2, 12, message)]
+
+
+def _wrong_backward(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
+    """A backend whose compiled backward is off by 1 %: a compiler's wrong gradient, made on purpose."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    def backward(graph: torch.fx.GraphModule, _: object) -> Callable[..., object]:
+        def run(args: list[torch.Tensor]) -> list[object]:
+            return [g * 1.01 if isinstance(g, torch.Tensor) else g for g in graph(*args)]
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: make_boxed_func(g.forward),
+                                 bw_compiler=backward)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", _wrong_backward], ids=["right", "wrong"])
+def test_verify_checks_the_compiled_region_against_the_eager_group(backend: object) -> None:
+    @ag.autograd_group("region.verified", compile={"backend": backend})
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    with ag.registry_scope():
+        _rules("region.verified", "subgradient")
+        report = ag.verify(lambda v: grouped(v).sum(), torch.tensor(CASES["subgradient"][3]))
+    (row,) = [r for r in report.rows if r.rule == "compiled region"]
+    rule_rows = [r.status for r in report.rows if r.rule != "compiled region"]
+    assert rule_rows == ["consistent"]  # the eager rules, checked as always
+    if backend == "aot_eager":
+        assert row.status == "consistent" and row.difference == 0
+    else:
+        assert row.status == "inconsistent" and report.ok is False
+        assert "its compiled region's gradient differs from the eager group's" in row.reason
+        assert row.difference is not None and row.difference > row.tolerance  # type: ignore[operator]

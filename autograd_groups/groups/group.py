@@ -169,7 +169,7 @@ class autograd_group:
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
                 override: bool = True, call: second_order.Call | None = None,
-                body: Callable[..., Any] = fn) -> Any:
+                body: Callable[..., Any] = fn, options: dict[str, Any] | None = None) -> Any:
             # ``body``: the group's function, or under forward mode one call of it that makes a
             # rule site (sites/forward_sites.py), an instance of the group on its own.
             instance = open_instance(name, enabled, where)
@@ -184,7 +184,7 @@ class autograd_group:
             if (instance.rules.subgradients or instance.rules.nan_safe) and not torch.compiler.is_compiling():
                 instance.call = call or second_order.remember(fn, args, kwargs)
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
-                instance.recorder.called(instance, fn, args, kwargs)
+                instance.recorder.called(instance, fn, args, kwargs, options)
             if instance.rules.override is not None and override:
                 named, inputs, arguments = _named_inputs(signature, args, kwargs)
                 return run_override(instance, fn, args, kwargs, inputs, named, arguments)
@@ -235,10 +235,11 @@ class autograd_group:
                 found = regions.get(id(options))
                 if found is None or found[0] is not options:
                     found = regions[id(options)] = (options, region.Region(name, options, in_graph, fn))
-                return found[1](args, kwargs, lambda: eager_group(args, kwargs, where))
+                return found[1](args, kwargs, lambda: eager_group(args, kwargs, where, options))
             return eager_group(args, kwargs, caller(2))
 
-        def eager_group(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[str, int]) -> Any:
+        def eager_group(args: tuple[Any, ...], kwargs: dict[str, Any], where: tuple[str, int],
+                        options: dict[str, Any] | None = None) -> Any:
             enabled = flag.enabled_for(name)
             if enabled and registry.has_rules(name):
                 override = registry.ruleset(name).override
@@ -269,7 +270,7 @@ class autograd_group:
                         name, where, fn,
                         lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, body=f),
                         frozenset(rules.subgradients), args, kwargs, whole, settled)
-            return run(args, kwargs, enabled, where)
+            return run(args, kwargs, enabled, where, options=options)
 
         def prepare_scriptable() -> Callable[..., Any]:
             # torch.jit.script calls this on each function it compiles: TorchScript would compile

@@ -30,6 +30,8 @@ class Call:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
+    #: The ``torch.compile`` options of a group declared ``compile=True`` (it ran eagerly, observed).
+    compile: dict[str, Any] | None = None
 
 
 @dataclass
@@ -84,16 +86,16 @@ class Recorder:
         self._stopped = False
 
     def called(self, instance: Any, fn: Callable[..., Any], args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> None:
+               kwargs: dict[str, Any], compile: dict[str, Any] | None = None) -> None:
         """A decorator group's instance ``instance`` was entered: ``fn(*args, **kwargs)``, ``fn``
-        the function it decorates."""
+        the function it decorates (declared with ``compile`` options, if given)."""
         self.instances.append(instance)
         self._decorated.add(id(instance))
         if not self._room(instance):
             return
         try:
             self.calls[id(instance)] = Call(instance.name, fn, tuple(_copy(a) for a in args),
-                                            {k: _copy(v) for k, v in kwargs.items()})
+                                            {k: _copy(v) for k, v in kwargs.items()}, compile)
         except _Batched:
             self.batched.add(id(instance))
 

@@ -33,6 +33,7 @@ from ..observe.recording import Call, Recorder, recording
 from ..rules.kinds import Override, Rule, Subgradient
 from ..sites import second_order
 from . import limits
+from .compiled_check import compiled_row
 from .judge import MAX_DIFFERENCES, Judge, Judged
 from .origin import nonfinite_origin
 from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
@@ -185,6 +186,8 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
             _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
         rows += own
         end_to_end += [(f, row) for f, row in zip(fired, own)]
+        if call.compile is not None:
+            rows.append(compiled_row(call, instance.id, fired[0].where, order))
     if isinstance(whole, str):
         rows += [_row(f, order, NOT_CHECKED, whole) for f in through_whole]
     elif through_whole:
