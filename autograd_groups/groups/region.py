@@ -29,7 +29,7 @@ import functools
 import threading
 import types
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -65,6 +65,9 @@ class Region:
         self._full = False
         #: Why Dynamo or the backend would not compile this group: it runs eagerly from then on.
         self.refused: str | None = None
+        #: Bytes (distinct storages) its compiled region saved for backward at the last call counted.
+        self.saved_bytes: int | None = None
+        self._count_saved = True
         self._warned: set[str] = set()
         counters.add_region(name, self)
 
@@ -104,8 +107,13 @@ class Region:
         with_rules, plain = self._entries
         state = current_state()
         graphs = compat.graphs_compiled()
+        # The bytes it saves for backward, counted at the first call of each new graph, where no
+        # hook of the user's (a checkpoint's, save_on_cpu) would be hidden by the counting one.
+        counting = self._count_saved and torch.is_grad_enabled() and compat.top_saved_tensors_hooks() is None
+        saved: dict[int, int] = {}
+        stance = torch.compiler.set_stance("eager_on_recompile") if self._full else contextlib.nullcontext()
         try:
-            with torch.compiler.set_stance("eager_on_recompile") if self._full else contextlib.nullcontext():
+            with stance, _saved_bytes(saved) if counting else contextlib.nullcontext():
                 # The flag's setting and the registry's generation are arguments: Dynamo guards on
                 # their values, one graph per setting, and a changed registry compiles once more.
                 if state.for_group(self.name) and has_rules(self.name):
@@ -119,8 +127,11 @@ class Region:
             self._warn("refused", f"runs eagerly from now on: the compiler refused it ({self.refused})")
             counters.count_region_call(self.name, "compile refused")
             return out
+        if counting and not self._local.ran_eagerly:
+            self.saved_bytes, self._count_saved = sum(saved.values()), False
         if graphs != compat.graphs_compiled():  # this call compiled a graph (or another thread did)
             self._full = self.compiles >= self._budget
+            self._count_saved = True
         if not self._local.ran_eagerly:
             counters.count_region_call(self.name, "compiled")
             if torch.is_grad_enabled():
@@ -169,6 +180,20 @@ class Region:
             f"group {self.name!r} (compile=True) {why}; the eager group has the same rules, and "
             f"`autograd-groups stats` counts its calls by how they ran",
             RegionWarning, file, line)
+
+
+@contextlib.contextmanager
+def _saved_bytes(storages: dict[int, int]) -> Iterator[None]:
+    """Count into ``storages`` (by address) the bytes of the storages saved for backward in the block."""
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        # Detached: an output packed with its own node would hold that node, and the graph, in a
+        # cycle through C++ that the collector cannot see.
+        return t.detach()
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield
 
 
 def _say_no_double_backward(name: str, out: Any) -> None:

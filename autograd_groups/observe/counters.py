@@ -158,6 +158,8 @@ class Region(Protocol):
     @property
     def compiles(self) -> int: ...
 
+    saved_bytes: int | None
+
 
 #: Per group compiled as its own region: the region, and its calls by how they ran (``"compiled"``,
 #: or why eagerly).
@@ -182,7 +184,9 @@ def count_region_call(name: str, how: str) -> None:
 def _region(name: str) -> dict[str, Any]:
     calls = dict(_region_calls.get(name, {}))
     compiled = calls.pop("compiled", 0)
-    return {"region": {"compiled_calls": compiled, "eager_calls": calls, "compiles": _regions[name].compiles}}
+    region = _regions[name]
+    return {"region": {"compiled_calls": compiled, "eager_calls": calls, "compiles": region.compiles,
+                       "saved_bytes": region.saved_bytes}}
 
 
 def stats() -> dict[str, dict[str, Any]]:
@@ -194,7 +198,9 @@ def stats() -> dict[str, dict[str, Any]]:
     firings (override) and elements changed (subgradient, nan_safe; counted while traced), the
     calls whose elements could not be counted (``uncounted``: under ``vmap``, a rule's mask is a
     batch), for a group declared ``compile=True`` its ``region`` (``compiled_calls``,
-    ``eager_calls`` by the reason they ran eagerly, ``compiles``: graphs in its cache), and
+    ``eager_calls`` by the reason they ran eagerly, ``compiles``: graphs in its cache,
+    ``saved_bytes``: what its compiled region saved for backward, counted at the first call of
+    each new graph), and
     ``sites``: the same counts per line of code (``file:line``) that created its instances.
 
     >>> import autograd_groups as ag

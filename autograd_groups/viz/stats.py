@@ -189,11 +189,14 @@ def to_json(found: Sequence[GroupReport], unused: Mapping[str, Sequence[str]] | 
 
 def region_lines(counts: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Per group declared ``compile=True``: how many calls ran compiled, how many eagerly and why,
-    and how many graphs its cache holds.
+    how many graphs its cache holds, and what its compiled region saved for backward.
 
-    >>> region_lines({"g": {"region": {"compiled_calls": 3, "eager_calls": {"torch.func transform": 1},
-    ...                                "compiles": 1}}})
-    ['g (compile=True): 3 calls compiled, 1 eagerly (torch.func transform: 1); 1 compiled graph']
+    >>> import textwrap
+    >>> (line,) = region_lines({"g": {"region": {"compiled_calls": 3, "compiles": 1, "saved_bytes": 5376,
+    ...                                          "eager_calls": {"torch.func transform": 1}}}})
+    >>> print(textwrap.fill(line, 80))
+    g (compile=True): 3 calls compiled, 1 eagerly (torch.func transform: 1); 1
+    compiled graph, which saved 5376 bytes for backward
     """
     lines = []
     for name in sorted(counts):
@@ -203,8 +206,11 @@ def region_lines(counts: Mapping[str, Mapping[str, Any]]) -> list[str]:
         eager = region["eager_calls"]
         why = f" ({', '.join(f'{reason}: {n}' for reason, n in eager.items())})" if eager else ""
         graphs = region["compiles"]
+        saved = region.get("saved_bytes")
+        kept = "" if saved is None else f", which saved {saved} bytes for backward"
         lines.append(f"{name} (compile=True): {region['compiled_calls']} calls compiled, "
-                     f"{sum(eager.values())} eagerly{why}; {graphs} compiled graph{'s' * (graphs != 1)}")
+                     f"{sum(eager.values())} eagerly{why}; {graphs} compiled graph{'s' * (graphs != 1)}"
+                     f"{kept}")
     return lines
 
 
