@@ -28,6 +28,12 @@
    compiled step runs with ``torch.cuda.set_sync_debug_mode("error")`` (a rule site that
    synchronised the device would raise) and no graph is skipped by CUDA graph trees.
 
+8. Compiled groups: the Rodrigues rotation as a ``compile=True`` NaN-safe group (batch 64 to
+   4,194,304) against the hand-written double ``where`` eagerly and under a plain ``torch.compile``
+   called from eager code, each size its own static graph; on CUDA also both with
+   ``mode="reduce-overhead"`` (CUDA graphs). Checked: the same gradients as the hand form's. On the
+   CPU (which tests the script) they compile with ``aot_eager``. ``--only region`` runs this alone.
+
 Without a CUDA device it prints a message and exits 0. Exit status 1 when a check fails.
 """
 
@@ -457,13 +463,60 @@ def check_compiled(device: torch.device, repeat: int, scale: int) -> int:
     return failures
 
 
+def region_table(device: torch.device, repeat: int, scale: int) -> int:
+    """Compiled groups: Rodrigues as a ``compile=True`` group against the hand double where, eager
+    and compiled; the number of cases whose gradients differ from the hand form's."""
+    modes = ["default", *(["reduce-overhead"] if device.type == "cuda" else [])]
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    print(f"\n## Compiled groups vs the hand double where on {device} ({backend}): forward + backward, "
+          f"median of {repeat} interleaved runs (float32, ms)\n")
+    names = ["hand"] + [f"{kind}, {mode}" for mode in modes for kind in ("plain compile", "compile=True")]
+    ratios = [f"group / {'hand' if k == 0 else 'plain'}, {mode}" for mode in modes for k in (0, 1)]
+    print("| workload | " + " | ".join(names + ratios) + " |")
+    print("|" + " --- |" * (1 + len(names) + len(ratios)))
+    failures = 0
+    for batch in RODRIGUES_BATCHES:
+        v = bench_targets.rotations(max(8, batch // scale)).detach().to(device).requires_grad_()
+        variants: dict[str, Callable[..., torch.Tensor]] = {"hand": bench_targets.rodrigues_double_where}
+        for mode in modes:
+            options = {"backend": backend, "dynamic": False, **({"mode": mode} if mode != "default" else {})}
+            name = f"gpu_check.region.{batch}.{mode}"
+            ag.register_rule(name, ag.NanSafe())
+            variants[f"plain compile, {mode}"] = torch.compile(
+                lambda x: bench_targets.rodrigues_double_where(x), fullgraph=True, **options)
+            grouped = ag.autograd_group(name, compile=options)(bench_targets.rodrigues)
+            variants[f"compile=True, {mode}"] = grouped
+        want = _forward_backward(bench_targets.rodrigues_double_where, (v,), {})
+        label = f"Rodrigues, batch {v.shape[0]}"
+        bad = [k for k, fn in variants.items() for _ in range(3)  # compile, record, replay
+               if not all(torch.allclose(g, w, rtol=1e-4, atol=1e-4)
+                          for g, w in zip(_forward_backward(fn, (v,), {}), want))]
+        if bad:
+            failures += 1
+            print(f"| {label} | FAIL: other gradients than the hand form's: "
+                  f"{', '.join(dict.fromkeys(bad))} |")
+            continue
+        times: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(repeat):
+            for k, fn in variants.items():
+                times[k].append(_time(fn, (v,), {}, True, device))
+        med = {k: statistics.median(t) * 1e3 for k, t in times.items()}
+        cells = [med[k] for k in names]
+        cells += [med[f"compile=True, {mode}"] / med["hand" if k == 0 else f"plain compile, {mode}"]
+                  for mode in modes for k in (0, 1)]
+        print(f"| {label} | " + " | ".join(f"{c:.3f}" if i < len(names) else f"{c:.2f}"
+                                             for i, c in enumerate(cells)) + " |")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test the script)")
     parser.add_argument("--repeat", type=int, default=25, help="timed runs per variant (default 25)")
     parser.add_argument("--scale", type=int, default=1, help="divide the speed table's sizes by this")
-    parser.add_argument("--only", choices=["nan-safe"], default=None,
-                        help="nan-safe: only the NaN-safe table (issue 30), for a short device run")
+    parser.add_argument("--only", choices=["nan-safe", "region"], default=None,
+                        help="nan-safe: only the NaN-safe table; region: only the compiled groups' table "
+                             "(for a short device run)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -471,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"# gpu_check: {name}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    if args.only == "nan-safe":
-        failures = nan_safe_table(device, args.repeat, args.scale)
+    if args.only is not None:
+        table = nan_safe_table if args.only == "nan-safe" else region_table
+        with ag.registry_scope():
+            failures = table(device, args.repeat, args.scale)
         print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
         return 1 if failures else 0
     failures = check_builtins(device) + check_flag(device)
@@ -485,6 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     speed_table(device, args.repeat, args.scale)
     failures += nan_safe_table(device, args.repeat, args.scale)
     failures += check_compiled(device, args.repeat, args.scale)
+    with ag.registry_scope():
+        failures += region_table(device, args.repeat, args.scale)
     print(f"\n{failures} check(s) failed." if failures else "\nAll checks passed.")
     return 1 if failures else 0
 

@@ -44,9 +44,13 @@ def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     compiled = [line for line in out.splitlines() if line.startswith("| (") and "N, M, D" not in line]
     assert [line.split(" | ")[0] for line in compiled] == ["| (4, 4, 3)", "| (64, 64, 16)", "| (64, 64, 64)"]
     assert out.rstrip().endswith("All checks passed.")
-    nan_safe = [line for line in out.splitlines() if line.startswith(("| Rodrigues, batch", "| entropy, ("))]
+    section = out.split("## NaN-safe groups", 1)[1].split("\n## ", 1)[0]
+    nan_safe = [line for line in section.splitlines() if line.startswith(("| Rodrigues, batch", "| entropy, ("))]
     assert len(nan_safe) == len(gpu_check.RODRIGUES_BATCHES) + len(gpu_check.ENTROPY_ROWS)
     assert not any("FAIL" in line for line in nan_safe)
+    regions = out.split("## Compiled groups", 1)[1]
+    assert len([line for line in regions.splitlines() if line.startswith("| Rodrigues, batch")]) == \
+        len(gpu_check.RODRIGUES_BATCHES)
 
 
 def test_the_nan_safe_table_alone_for_a_short_device_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,3 +63,20 @@ def test_the_nan_safe_table_alone_for_a_short_device_run(capsys: pytest.CaptureF
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| Rodrigues", "| entropy"))]
     assert len(rows) == 8 and all(float(row[4]) > 0 and float(row[5].strip(" |")) > 0 for row in rows)
     assert "## Built-ins" not in out and out.rstrip().endswith("All checks passed.")
+
+
+def test_the_compiled_groups_table_alone_for_a_short_device_run(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    try:
+        assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--scale", "4096", "--only",
+                               "region"]) == 0
+    finally:
+        torch._dynamo.reset()
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| Rodrigues")]
+    assert len(rows) == len(gpu_check.RODRIGUES_BATCHES)
+    assert all(len(row) == 6 and float(row[-1].strip(" |")) > 0 for row in rows)
+    assert out.rstrip().endswith("All checks passed.")
