@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import compat, flag
+from .. import compat, flag, levels
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..levels import graph_roots
@@ -76,8 +76,9 @@ class _NodeNames(dict[int, str]):
 def _enclosing() -> second_order.Call | None:
     """The call of the function around a group's call that a ``torch.func`` transform
     differentiates, kept for the second-order check (``second_order.enclosing``). Looked for only
-    inside a transform, with grad mode on: reading the frames costs about half a microsecond each."""
-    if not torch.is_grad_enabled() or compat.peek_interpreter_stack() is None:
+    where such transforms can take a second derivative (two or more of them, with grad mode on):
+    reading the frames and keeping the call costs about as much as keeping the group's own call."""
+    if not torch.is_grad_enabled() or not levels.nested_derivatives():
         return None
     return second_order.enclosing()
 
