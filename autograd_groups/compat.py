@@ -139,6 +139,37 @@ def _grad_codes() -> tuple[types.CodeType, types.CodeType] | None:
 
 _GRAD_CODES = _grad_codes()
 
+#: The modules whose functions call the function a differentiation transform differentiates:
+#: ``torch.func``'s transforms and ``torch.autograd.functional``'s.
+_TRANSFORM_MODULES = frozenset({"torch._functorch.eager_transforms", "torch._functorch.apis",
+                                "torch.autograd.functional"})
+
+
+def transform_frame(frame: types.FrameType) -> bool:
+    """Whether ``frame`` runs in one of PyTorch's differentiation transforms (``torch.func``'s,
+    ``torch.autograd.functional``'s), which may call the function they differentiate.
+
+    >>> import sys
+    >>> transform_frame(sys._getframe())
+    False
+    """
+    return frame.f_globals.get("__name__") in _TRANSFORM_MODULES
+
+
+def transformed_function(frame: types.FrameType) -> types.FunctionType | None:
+    """The function ``frame`` runs, where a differentiation transform called it directly (its caller
+    is a :func:`transform_frame`): the transform's local variable that holds it, found by its code
+    object (a bound method's function, whose first parameter the frame holds). None elsewhere, or
+    where the transform holds it in another form (a partial)."""
+    caller = frame.f_back
+    if caller is None or not transform_frame(caller):
+        return None
+    for value in caller.f_locals.values():
+        function = value.__func__ if isinstance(value, types.MethodType) else value
+        if isinstance(function, types.FunctionType) and function.__code__ is frame.f_code:
+            return function
+    return None
+
 
 def grad_transform_codes() -> tuple[types.CodeType, types.CodeType]:
     """The code objects of functorch's ``grad_and_value_impl`` and of the ``_autograd_grad`` that

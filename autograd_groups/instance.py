@@ -36,7 +36,8 @@ class GroupInstance:
     # Slots: an instance is made on every call of a group, on its hot path.
     __slots__ = ("name", "watched", "rules", "enabled", "parent", "id", "graph", "inputs", "outputs", "hits",
                  "session", "recorder", "nested", "merged_into", "site", "_task", "hooks_pushed",
-                 "nonfinite_task", "transposed", "linear_levels", "forward_check", "_start", "call", "part")
+                 "nonfinite_task", "transposed", "linear_levels", "forward_check", "_start", "call", "outer",
+                 "part")
 
     def __init__(self, name: str, rules: RuleSet, enabled: bool, parent: GroupInstance | None,
                  session: Session | None, where: tuple[str, int], watched: bool, transposed: bool,
@@ -79,6 +80,10 @@ class GroupInstance:
         #: derivative through a rule can be checked on the group's own inputs; None for a ``with``
         #: block or ``tag``, which cannot be re-run.
         self.call: tuple[Any, tuple[Any, ...], dict[str, Any], frozenset[int]] | None = None
+        #: Likewise, the call of the function around it that a PyTorch transform differentiates
+        #: (``torch.func.hessian(f)``; ``sites.second_order.enclosing``), or None: where the group's
+        #: own inputs cannot decide, the check runs that function.
+        self.outer: tuple[Any, tuple[Any, ...], dict[str, Any], frozenset[int]] | None = None
         #: Whether the instance runs one call of its group's function (a rule site under forward
         #: mode, sites/forward_sites.py): ``call`` is then the whole group's, and its members'
         #: places are not the whole group's.

@@ -185,6 +185,23 @@ def outside_transforms() -> Iterator[None]:
         yield
 
 
+def nested_derivatives() -> bool:
+    """Whether two or more torch.func transforms that differentiate (``grad``, ``vjp``, ``jacrev``,
+    ``jvp``, ``jacfwd``) are open: inside them a second derivative can be taken.
+
+    >>> import torch
+    >>> found = []
+    >>> _ = torch.func.jacrev(lambda x: found.append(nested_derivatives()) or x)(torch.ones(1))
+    >>> _ = torch.func.hessian(lambda x: found.append(nested_derivatives()) or x.sum())(torch.ones(1))
+    >>> found
+    [False, True]
+    """
+    if peek_interpreter_stack() is None:
+        return False
+    kinds = (TransformType.Grad, TransformType.Jvp)
+    return sum(i.key() in kinds for i in retrieve_all_functorch_interpreters()) >= 2
+
+
 def _grad_levels(interpreters: list[Any]) -> list[int]:
     return [i.level() for i in interpreters if i.key() == TransformType.Grad]
 

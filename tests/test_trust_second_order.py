@@ -236,3 +236,116 @@ def test_a_hessian_with_respect_to_empty_inputs_does_not_warn_and_verify_says_no
     report = ag.verify(lambda a: ag.ops.logsumexp(a, 0).sum(), x, order=2)
     assert [(row.status, row.reason) for row in report.rows] == [
         ("not checked", "the elements it changed reach no input gradient")]
+
+
+# -- a kink that the function around it smooths --------------------------------------------------
+
+#: The modes where the function differentiated is a function that a torch.func transform was given.
+TRANSFORMS = {mode: MODES[mode] for mode in ("hessian", "jacrev(jacrev)", "jacrev(jacfwd)", "jacfwd(jacfwd)")}
+
+
+def _sinc(x: torch.Tensor) -> torch.Tensor:
+    """sin(x) / x with a finite double backward at 0: a Taylor branch behind a double ``where``."""
+    small = x.abs() < 1e-3
+    safe = torch.where(small, torch.ones_like(x), x)
+    return torch.where(small, 1 - x * x / 6 + x**4 / 120, torch.sin(safe) / safe)
+
+
+def _user_length(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """|v| over the last dimension in a group of the user's, with ops.vector_norm's rule."""
+    ag.register_rule(name, ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    return ag.autograd_group(name)(lambda v: v.pow(2).sum(-1, keepdim=True).sqrt())
+
+
+def _quaternion(length: Fn) -> tuple[Fn, Fn]:
+    """Half the rotation angle of a quaternion ``q = (w, v)``, atan2(|v|, w), with ``length`` for
+    |v|, called at one line by both functions of it: the axis-angle vector 2 v atan2(|v|, w) / |v|
+    (smooth at the identity: 2 v / w - 2/3 |v|² v / w³ + ...) and the squared angle (4 |v|² / w² + ...)."""
+    def half_angle(q: torch.Tensor) -> torch.Tensor:
+        return ag.ops.atan2(length(q[..., 1:]), q[..., :1])
+
+    def axis_angle(q: torch.Tensor) -> torch.Tensor:
+        half = half_angle(q)
+        return q[..., 1:] * 2 * torch.cos(half) / (q[..., :1] * _sinc(half))
+
+    def angle_squared(q: torch.Tensor) -> torch.Tensor:
+        return (2 * half_angle(q)).pow(2).sum()
+
+    return axis_angle, angle_squared
+
+
+def _native_axis_angle(q: torch.Tensor) -> torch.Tensor:
+    n = torch.linalg.vector_norm(q[1:], dim=-1, keepdim=True)
+    return q[1:] * 2 * torch.atan2(n, q[:1]) / n
+
+
+LENGTHS = ["ops.vector_norm", "a group of the user's"]
+
+
+@pytest.mark.parametrize("mode", TRANSFORMS)
+@pytest.mark.parametrize("length", LENGTHS)
+def test_a_kink_the_function_differentiated_smooths_is_checked_through_it(mode: str, length: str) -> None:
+    """At the identity the rule of |v| fires and the group's own second derivative diverges (its
+    own inputs cannot decide). The axis-angle vector is smooth there and its Hessian is exact:
+    no warning. The squared angle's Hessian is 8 I / w² in v, and 0 through the rule: it warns, at
+    the same call site of the group, through the function differentiated."""
+    take = TRANSFORMS[mode]
+    identity = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=F64)
+    with ag.registry_scope():
+        norm = (lambda v: ag.ops.vector_norm(v, dim=-1, keepdim=True)) if length == "ops.vector_norm" \
+            else _user_length(f"trust.length.{mode}")
+        axis_angle, angle_squared = _quaternion(norm)
+        # d²(2 v_i / w) / dw dv_i = -2 / w²; every other entry is 0 (the rest is of order |v|³).
+        expected = torch.zeros(3, 4, 4, dtype=F64)
+        for i in range(3):
+            expected[i, 0, i + 1] = expected[i, i + 1, 0] = -2.0
+        # The analytic value, against PyTorch's own Hessian at a nearby point (off the kink).
+        nearby = torch.tensor([1.0, 1e-6, -2e-6, 3e-6], dtype=F64)
+        torch.testing.assert_close(hessian(_native_axis_angle)(nearby), expected, atol=2e-5, rtol=0)
+        assert torch.equal(exact(lambda: take(axis_angle)(identity)), expected)
+
+        value, found = told(lambda: take(angle_squared)(identity))
+        assert torch.equal(value, torch.zeros(4, 4, dtype=F64))
+        assert len(found) == 1
+        message = str(found[0].message)
+        assert "which is not the function's: through the function differentiated, " \
+               "_quaternion.<locals>.angle_squared" in message
+        assert found[0].filename == __file__
+        fix = "ops.vector_norm is a built-in" if length == "ops.vector_norm" \
+            else f"Give group 'trust.length.{mode}' an override"
+        assert fix in message
+
+
+def test_where_the_function_differentiated_cannot_be_run_again_the_warning_says_what_decides() -> None:
+    """|v|³ is twice differentiable at 0 with Hessian 0, the rule's: exact. torch.func.hessian of it
+    (or of a method) is checked through the function and does not warn; eager create_graph has no
+    function to run, and neither has a function that changed its parameter before the group's call
+    (run again on its parameter's value then, it would call the group elsewhere): those warn that
+    it could not be checked, without saying that it is wrong, and name what decides."""
+    with ag.registry_scope():
+        ag.register_rule("trust.cube", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+        norm = ag.autograd_group("trust.cube")(lambda v: (v * v).sum().sqrt())
+        shift = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+
+        def cube(v: torch.Tensor) -> torch.Tensor:
+            return norm(v) ** 3
+
+        def shifted_cube(v: torch.Tensor) -> torch.Tensor:
+            v = v - shift
+            return norm(v) ** 3
+
+        class Cube:
+            def of(self, v: torch.Tensor) -> torch.Tensor:
+                return norm(v) ** 3
+
+        zero = torch.zeros(3, dtype=F64)
+        assert torch.equal(exact(lambda: hessian(cube)(zero)), torch.zeros(3, 3, dtype=F64))
+        assert torch.equal(exact(lambda: hessian(Cube().of)(zero)), torch.zeros(3, 3, dtype=F64))
+        for value, found in (told(lambda: _create_graph(cube)(zero)),
+                             told(lambda: hessian(shifted_cube)(shift))):
+            assert torch.equal(value, torch.zeros(3, 3, dtype=F64))
+            assert len(found) == 1
+            message = str(found[0].message)
+            assert "whether that is the function's could not be checked at the group's own inputs" in message
+            assert "ag.verify(fn, *args, order=2) on the function you differentiate decides" in message
+            assert "which is not the function's" not in message

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import compat, flag
+from .. import compat, flag, levels
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..levels import graph_roots
@@ -71,6 +71,16 @@ class _NodeNames(dict[int, str]):
     def __init__(self) -> None:
         super().__init__()
         self.held: list[object] = []
+
+
+def _enclosing() -> second_order.Call | None:
+    """The call of the function around a group's call that a ``torch.func`` transform
+    differentiates, kept for the second-order check (``second_order.enclosing``). Looked for only
+    where such transforms can take a second derivative (two or more of them, with grad mode on):
+    reading the frames and keeping the call costs about as much as keeping the group's own call."""
+    if not torch.is_grad_enabled() or not levels.nested_derivatives():
+        return None
+    return second_order.enclosing()
 
 
 class _Collector(TorchFunctionMode):
@@ -169,7 +179,8 @@ class autograd_group:
 
         def run(args: tuple[Any, ...], kwargs: dict[str, Any], enabled: bool, where: tuple[str, int],
                 override: bool = True, call: second_order.Call | None = None,
-                body: Callable[..., Any] = fn, options: dict[str, Any] | None = None) -> Any:
+                outer: second_order.Call | None = None, body: Callable[..., Any] = fn,
+                options: dict[str, Any] | None = None) -> Any:
             # ``body``: the group's function, or under forward mode one call of it that makes a
             # rule site (sites/forward_sites.py), an instance of the group on its own.
             instance = open_instance(name, enabled, where)
@@ -183,6 +194,7 @@ class autograd_group:
             # not re-run.
             if (instance.rules.subgradients or instance.rules.nan_safe) and not torch.compiler.is_compiling():
                 instance.call = call or second_order.remember(fn, args, kwargs)
+                instance.outer = outer if call is not None else _enclosing()
             if instance.recorder is not None:  # ag.verify runs: it will call the group again
                 instance.recorder.called(instance, fn, args, kwargs, options)
             if instance.rules.override is not None and override:
@@ -247,10 +259,12 @@ class autograd_group:
                     # Kept here, at the caller's levels: inside the transpose its forward-mode
                     # levels are hidden, and with them which arguments carry a tangent.
                     kept = second_order.remember(fn, args, kwargs)
+                    around = _enclosing()
 
                     def whole() -> Any:
                         return tangents.run(name, where, fn,
-                                            lambda a, k: run(a, k, enabled, where, override=False, call=kept),
+                                            lambda a, k: run(a, k, enabled, where, override=False, call=kept,
+                                                             outer=around),
                                             args, kwargs, override, context)
 
                     # A NaN-safe rule is a group policy, transposed whole; so is an override
@@ -268,7 +282,8 @@ class autograd_group:
                         tangents.declined, name, where, override, context, args, kwargs)
                     return forward_sites.run(
                         name, where, fn,
-                        lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, body=f),
+                        lambda f, a, k: run(a, k, enabled, where, override=False, call=kept, outer=around,
+                                                body=f),
                         frozenset(rules.subgradients), args, kwargs, whole, settled)
             return run(args, kwargs, enabled, where, options=options)
 

@@ -13,11 +13,13 @@ special cases off and no trace session open, a group does nothing at all.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import sys
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -46,6 +48,18 @@ def open_instances() -> list[GroupInstance]:
     if stack is None:
         stack = _local.stack = []
     return stack
+
+
+@contextlib.contextmanager
+def apart() -> Iterator[None]:
+    """Run the block as if no group were open on this thread: the groups it calls are nobody's
+    members (a check that runs the user's whole function again, from inside a group's backward)."""
+    stack = open_instances()
+    _local.stack = []
+    try:
+        yield
+    finally:
+        _local.stack = stack
 
 
 #: Modules whose functions call a group on their own caller's behalf (ops.autocast's policies).

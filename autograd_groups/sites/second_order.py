@@ -7,7 +7,9 @@ A call site is checked once per rule site the second derivative went through and
 arguments that require grad: the same line differentiated in another argument (``hessian`` in
 ``y``, then in ``x``) goes through other elements and is checked again, and the check covers the
 elements of the rule sites this backward went through, not those of an argument it did not
-differentiate.
+differentiate. Where the group's own inputs cannot decide, the check runs the function around the
+group that a ``torch.func`` transform differentiates (:func:`enclosing`, kept at forward time), and
+where neither can, the warning says so without calling the result wrong.
 
 The check itself lives in ``verify/`` (it re-runs the group), above this layer: it is installed
 here with :func:`set_checker` when ``autograd_groups`` is imported. The warning goes through
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -49,9 +53,10 @@ class Verdict:
 #: ``index`` is the rule site's member (``SiteHook.index``).
 Checker = Callable[[GroupInstance, Any, "int | None"], Verdict]
 _checker: Checker | None = None
-#: Per group, call site, rule (by identity: a rule registered again is checked again), rule site and
-#: arguments that require grad, the rule (which keeps its id from being reused) and the verdict.
-_verdicts: dict[tuple[str, tuple[str, int], int, int | None, tuple[int | str, ...]],
+#: Per group, call site, rule (by identity: a rule registered again is checked again), rule site,
+#: arguments that require grad and the differentiated function around it (its code, where it is
+#: known), the rule (which keeps its id from being reused) and the verdict.
+_verdicts: dict[tuple[str, tuple[str, int], int, int | None, tuple[int | str, ...], types.CodeType | None],
                 tuple[Any, Verdict]] = {}
 #: Per call site and rule, the backward pass (graph task) that last told of it.
 _told: dict[tuple[str, tuple[str, int], int], int] = {}
@@ -88,6 +93,55 @@ def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     kept = tuple([_keep(a, wanted) for a in args])
     named = {k: _keep(v, wanted) for k, v in kwargs.items()} if kwargs else kwargs
     return _weak(fn), kept, named, frozenset(wanted)
+
+
+def enclosing() -> Call | None:
+    """The call of the function that a PyTorch differentiation transform differentiates
+    (``torch.func.hessian(f)``, ``jacfwd(jacrev(f))``, ``torch.autograd.functional.hessian(f, x)``),
+    where the group called now runs inside it: read from Python's frames, as :func:`remember` keeps
+    it. None outside such a transform, where the transform holds the function in a form that is not
+    a plain function, and where a parameter no longer has a value.
+
+    The outermost of the user's frames that the transform called directly is that function's; its
+    parameters are read as they are now, which the check that uses the call confirms (it finds the
+    group's own call again in a run of the function, with the same inputs).
+
+    >>> enclosing() is None
+    True
+    """
+    frame: types.FrameType | None = sys._getframe(1)
+    user: types.FrameType | None = None
+    while frame is not None:
+        if compat.transform_frame(frame):
+            if user is not None:
+                # The first transform above the user's code: it called the function, or none.
+                function = compat.transformed_function(user) if user.f_back is frame else None
+                if function is None:
+                    return None
+                parameters = _parameters(user)
+                return None if parameters is None else remember(function, *parameters)
+        elif (frame.f_globals.get("__name__") or "").split(".", 1)[0] not in ("torch", "autograd_groups"):
+            user = frame
+        frame = frame.f_back
+    return None
+
+
+def _parameters(frame: types.FrameType) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The arguments that ``frame``'s function was called with, as its parameters hold them now."""
+    code, values = frame.f_code, frame.f_locals
+    names, positional, named = code.co_varnames, code.co_argcount, code.co_kwonlyargcount
+    try:
+        args = [values[n] for n in names[:positional]]
+        kwargs = {n: values[n] for n in names[positional:positional + named]}
+        at = positional + named
+        if code.co_flags & inspect.CO_VARARGS:
+            args += list(values[names[at]])
+            at += 1
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            kwargs.update(values[names[at]])
+    except KeyError:  # deleted in the function's body
+        return None
+    return tuple(args), kwargs
 
 
 def _weak(fn: Callable[..., Any]) -> Callable[[], Any]:
@@ -162,7 +216,7 @@ def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: l
     if not elements:
         return
     site = (instance.name, instance.site, id(rule))
-    key = (*site, index, _differentiable(instance.call))
+    key = (*site, index, _differentiable(instance.call), _code(instance.outer))
     found = _verdicts.get(key)
     if found is None:
         found = _verdicts[key] = (rule, _check(instance, rule, index))
@@ -187,6 +241,12 @@ def _differentiable(call: Call | None) -> tuple[int | str, ...]:
     _, args, kwargs, wanted = call
     return (*(i for i, a in enumerate(args) if id(a) in wanted),
             *(k for k, v in kwargs.items() if id(v) in wanted))
+
+
+def _code(call: Call | None) -> types.CodeType | None:
+    """The code of the function of ``call`` (None: no call, or the function is gone)."""
+    fn = None if call is None else call[0]()
+    return getattr(fn, "__code__", None)
 
 
 def _check(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None) -> Verdict:
@@ -220,9 +280,16 @@ def _message(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, elem
     elif verdict.status == "inconsistent":
         found = f"{where}, which is not the function's: {verdict.detail}"
     else:
-        found = (f"{where}; whether that is the function's could not be checked at the group's own "
-                 f"inputs ({verdict.detail}), and where the group's output enters a function that is "
-                 f"smooth there (a kernel of a distance, cos(|v|) at v = 0) it is not")
+        # Not a finding that the result is wrong: say what decides, and what to do where it is.
+        around = ("" if instance.outer is not None else
+                  " (a torch.func transform of that function, such as torch.func.hessian(fn), is "
+                  "checked through it; eager create_graph and torch.autograd.functional are not)")
+        return (f"{where}; whether that is the function's could not be checked at the group's own "
+                f"inputs ({verdict.detail}). It depends on the function around the group: where "
+                f"that is smooth there (a kernel of a distance, cos(|v|) at v = 0) the result is "
+                f"wrong, and where it does not take the group's second derivative there it is "
+                f"right. ag.verify(fn, *args, order=2) on the function you differentiate "
+                f"decides{around}. Where it is wrong: {_advice(instance)}")
     return f"{found}. {_advice(instance)}"
 
 

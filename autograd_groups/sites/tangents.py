@@ -182,6 +182,18 @@ def _linear(level: int) -> Iterator[None]:
         _local.linear = outer
 
 
+@contextmanager
+def apart() -> Iterator[None]:
+    """Run the block as if this thread computed no group's tangents: a check that runs the user's
+    whole function again, from inside a backward that computes them (sites/second_order.py)."""
+    saved = (_local.inside, _local.depth, _local.linear, _local.sites)
+    _local.inside, _local.depth, _local.linear, _local.sites = 0, 0, frozenset(), 0
+    try:
+        yield
+    finally:
+        _local.inside, _local.depth, _local.linear, _local.sites = saved
+
+
 def transposing() -> bool:
     """Whether this thread is computing a group's tangents from its reverse mode: groups opened now
     run as in reverse mode, and their rules must be linear in ``grad``."""

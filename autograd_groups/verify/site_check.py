@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
-from .. import compat, levels
+from .. import compat, flag, levels
 from ..errors import internal_error
+from ..groups import lifecycle
 from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
 from ..rules.kinds import NanSafe, Subgradient
+from ..sites import tangents
 from ..sites.second_order import Batched, Verdict
 from . import verify
-from .points import point_of
+from .points import Point, point_of, seeded
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Row
 
 
@@ -62,7 +65,24 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
     ...     check_site(t.instances[0], t.instances[0].rules.nan_safe).status
     'consistent'
     """
-    row = _checked(instance, rule, index, 2)
+    own = _second_order(_checked(instance, rule, index, 2), "")
+    if own.status != NOT_CHECKED or instance.outer is None:
+        return own
+    # The group's own inputs cannot decide (a kink whose second derivative diverges, which a smooth
+    # function around it may cancel): the function that the transform differentiates can.
+    found = _through(instance, rule, index)
+    if found is None:
+        return own
+    row, where = found
+    whole = _second_order(row, f"through {where}, ")
+    if whole.status != NOT_CHECKED:
+        return whole
+    return Verdict(NOT_CHECKED, f"{own.detail}; nor through {where}: {whole.detail}")
+
+
+def _second_order(row: Row | Verdict, through: str) -> Verdict:
+    """The verdict of ``ag.verify``'s row at order 2 (``through``: where it was checked, if not at
+    the group's own inputs)."""
     if isinstance(row, Verdict):
         return row
     # What the rule changed reaches no input that is differentiated here: no second derivative the
@@ -70,11 +90,72 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
     if row.status == CONSISTENT or (row.status == NOT_CHECKED and row.reason == verify.UNREACHED):
         return Verdict(CONSISTENT)
     if row.status == INCONSISTENT:
-        return Verdict(INCONSISTENT, f"at {row.input} the rules give {row.rule_value:.6g} where the "
-                                     f"automatic Hessian-vector product tends to "
+        return Verdict(INCONSISTENT, f"{through}at {row.input} the rules give {row.rule_value:.6g} where "
+                                     f"the automatic Hessian-vector product tends to "
                                      f"{_range(row.low, row.high)} (for a random vector, "
                                      f"ag.verify(order=2))", row.origin)
     return Verdict(NOT_CHECKED, row.reason)
+
+
+def _through(instance: GroupInstance, rule: Subgradient | NanSafe,
+             index: int | None) -> tuple[Row | Verdict, str] | None:
+    """``ag.verify``'s row at order 2 for ``rule`` through the function around ``instance`` that a
+    transform differentiates, at its arguments, and that function's name and place; None where it
+    cannot be run, or where its run does not call the group again at the same line on the same
+    inputs (its parameters changed before the call)."""
+    if instance.outer is None:
+        raise internal_error(f"group instance {instance.id} was checked through a function it has not")
+    function, args, kwargs, wanted = instance.outer
+    fn = function()
+    if fn is None or any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
+        return None
+    code = fn.__code__
+    where = f"the function differentiated, {fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+    with unobserved(), lifecycle.apart(), tangents.apart():
+        point = point_of(fn, args, kwargs, lambda t: id(t) in wanted)
+        if not point.inputs:
+            return None
+        again = _again(point, instance)
+        if again is None:
+            return None
+        fired = verify.Fired(again, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
+                             instance.where, index)
+        return verify.check_point(point, [fired], 2, by_id=True)[0], where
+
+
+def _again(point: Point, instance: GroupInstance) -> GroupInstance | None:
+    """The instance of a run of ``point`` that is ``instance`` again: the first of its group, at its
+    line, whose call had the same arguments (to the rounding of their dtype)."""
+    xs = [x.clone().requires_grad_() for x in point.inputs]
+    try:
+        with tracer.trace() as session, flag.restored(flag.FlagState(True)), seeded():
+            point.run(xs)
+    except Exception:  # the user's function: it cannot be re-run, so it is not checked through
+        return None
+    if instance.call is None:
+        raise internal_error(f"group instance {instance.id} was checked without the call that made it")
+    for made in session.instances:
+        if made.name == instance.name and made.site == instance.site and made.call is not None \
+                and _same(made.call[1], instance.call[1]) and _same(tuple(made.call[2].values()),
+                                                                    tuple(instance.call[2].values())):
+            return made
+    return None
+
+
+def _same(found: tuple[Any, ...], kept: tuple[Any, ...]) -> bool:
+    """Whether the tensors of a call ``found`` again in float64 are those ``kept``, to the rounding
+    of the kept ones' dtype."""
+    if len(found) != len(kept):
+        return False
+    for a, b in zip(found, kept):
+        if isinstance(b, torch.Tensor) and b.is_floating_point():
+            if not isinstance(a, torch.Tensor) or a.shape != b.shape:
+                return False
+            close = torch.finfo(b.dtype).eps ** 0.5
+            if not torch.allclose(a.to(torch.float64), b.to(torch.float64), rtol=close, atol=close,
+                                  equal_nan=True):
+                return False
+    return True
 
 
 def check_first_order(instance: GroupInstance, rule: Subgradient | NanSafe,
