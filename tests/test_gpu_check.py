@@ -45,7 +45,8 @@ def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
     assert [line.split(" | ")[0] for line in compiled] == ["| (4, 4, 3)", "| (64, 64, 16)", "| (64, 64, 64)"]
     assert out.rstrip().endswith("All checks passed.")
     section = out.split("## NaN-safe groups", 1)[1].split("\n## ", 1)[0]
-    nan_safe = [line for line in section.splitlines() if line.startswith(("| Rodrigues, batch", "| entropy, ("))]
+    nan_safe = [line for line in section.splitlines()
+                if line.startswith(("| Rodrigues, batch", "| entropy, ("))]
     assert len(nan_safe) == len(gpu_check.RODRIGUES_BATCHES) + len(gpu_check.ENTROPY_ROWS)
     assert not any("FAIL" in line for line in nan_safe)
     regions = out.split("## Compiled groups", 1)[1]
