@@ -144,7 +144,9 @@ class autograd_group:
 
     As a decorator, the function's tensor arguments are the group's inputs and its return values
     its outputs; as a context manager, the nodes made by torch calls inside the block are the
-    group's, and the boundary is found from them.
+    group's, and the boundary is found from them. ``compile=True`` (or a dict of ``torch.compile``
+    options and a ``budget``) makes a decorated function run as its own compiled region when eager
+    code calls it (documentation: "Compiled groups").
 
     >>> import torch, autograd_groups as ag
     >>> @ag.autograd_group("norm2")
