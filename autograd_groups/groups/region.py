@@ -240,7 +240,8 @@ def _refuse(name: str, grad_outputs: tuple[Any, ...]) -> None:
 
 def reused(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` as a region that an outer ``torch.compile`` compiles once and calls at every call
-    (``torch.compiler.nested_compile_region``); outside one, ``fn`` itself. Where a release lacks
-    it, the outer compile inlines ``fn`` at each call, with the same results."""
-    mark = getattr(torch.compiler, "nested_compile_region", None)
+    (``torch.compiler.nested_compile_region``); outside one, ``fn`` itself. Where the running
+    release cannot hold a group's opaque call in one, the outer compile inlines ``fn`` at each call,
+    with the same results."""
+    mark = compat.nested_compile_region()
     return fn if mark is None else mark(fn)
