@@ -12,7 +12,7 @@ default, inductor.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -85,10 +85,18 @@ for _kind, _body, _rows in (
         ("nan_safe", entropy, [[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]),
         ("override", lambda v: v.pow(2).sum(-1).sqrt(), [[0.0, 0.0, 0.0], [1.0, 2.0, 2.0]]),
         ("builtin", with_builtin, [[0.0, 0.0, 0.0], [1.0, 2.0, 3.0]])):
-    _rules(f"region.{_kind}", _kind)
-    _rules(f"region.{_kind}.eager", _kind)
     CASES[_kind] = (_body, ag.autograd_group(f"region.{_kind}", compile=AOT)(_body),
                     ag.autograd_group(f"region.{_kind}.eager")(_body), _rows)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registered() -> Iterator[None]:
+    """The cases' rules, for this module's tests only (other modules list the registry)."""
+    with ag.registry_scope():
+        for kind in CASES:
+            _rules(f"region.{kind}", kind)
+            _rules(f"region.{kind}.eager", kind)
+        yield
 
 
 def grad_of(fn: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ tests/test_fsdp.py.)"""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -24,10 +24,17 @@ def length(v: torch.Tensor) -> torch.Tensor:
     return v.pow(2).sum(-1, keepdim=True).sqrt() * v
 
 
-ag.register_rule("modes.region", RULE)
-ag.register_rule("modes.eager", RULE)
 region = ag.autograd_group("modes.region", compile={"backend": "aot_eager"})(length)
 eager = ag.autograd_group("modes.eager")(length)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registered() -> Iterator[None]:
+    """The groups' rules, for this module's tests only (other modules list the registry)."""
+    with ag.registry_scope():
+        ag.register_rule("modes.region", RULE)
+        ag.register_rule("modes.eager", RULE)
+        yield
 
 
 def rows(dtype: torch.dtype = torch.float64) -> torch.Tensor:
