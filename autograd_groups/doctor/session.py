@@ -86,7 +86,9 @@ class Session:
     backwards: list[Backward] = field(default_factory=list)
     ends: int = 0
     optimizer_steps: int = 0
-    #: The tensors the last backward differentiated, and their gradients (None where it gave none).
+    #: The tensors the backward that ended the script (or the last told to ``after``) differentiated,
+    #: and their gradients (None where it gave none): kept of no other backward, so that the watch
+    #: keeps no gradient of an earlier step alive.
     last_leaves: list[torch.Tensor] = field(default_factory=list)
     last_grads: Grads = field(default_factory=list)
     _opened: bool = False
@@ -163,13 +165,14 @@ class Session:
         elif any(getattr(r, _SCALED, False) for r in tensors):
             self.overflows += 1
             backward.scaled_overflow = self.overflows < SCALER_SKIPS
-        self.last_leaves, self.last_grads = leaves, grads
         if self.after is not None:
+            self.last_leaves, self.last_grads = leaves, grads
             self.after(backward)
         if not backward.create_graph:
             self._end_step()
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
                            or (self.stop_at is None and backward.bad)):
+            self.last_leaves, self.last_grads = leaves, grads
             raise Stop
         return returned[0] if returned else None
 

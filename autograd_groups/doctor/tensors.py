@@ -55,6 +55,9 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all().cpu() for t in tensors]).all())
 
 
+_CPU = torch.device("cpu")
+
+
 def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     """For each group of tensors, whether all of it is finite: the trigger after each backward.
     Where all are, that is a sum of each tensor (on a device, with one host read of them all);
@@ -66,13 +69,14 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     [True, True, False]
     """
     flat = [t for group in groups for t in group]
+    devices = {t.device for t in flat}
     # A sum is finite where every element is (an infinity or a NaN makes it inf or NaN), and it
     # reads each element once; detached where need be, so that autograd records nothing.
-    if all(t.is_cpu for t in flat):
+    if devices <= {_CPU}:
         # On the CPU a read waits for nothing: each sum is read as it is made, one element as it is.
-        total: complex = sum((t if t.numel() == 1 else (t.detach() if t.requires_grad else t).sum()).item()
-                             for t in flat)
-    elif len({t.device for t in flat}) == 1:
+        total: complex = sum([(t if t.numel() == 1 else (t.detach() if t.requires_grad else t).sum()).item()
+                              for t in flat])
+    elif len(devices) == 1:
         # One host read, so that the host waits for the device once.
         total = torch.stack([(t.detach() if t.requires_grad else t).sum() for t in flat]).sum().item()
     else:
