@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 import autograd_groups as ag
 from autograd_groups.cli import main
 from autograd_groups.doctor.diagnose import diagnose
+from autograd_groups.doctor.session import Session, Stop
 from autograd_groups.doctor.tensors import finite_groups
 from autograd_groups.script import run_script
 from tests.conftest import line_of
@@ -369,3 +371,18 @@ INF, NAN = float("inf"), float("nan")
 def test_the_trigger_says_exactly_which_groups_are_finite(groups: list[list[torch.Tensor]]) -> None:
     native = [all(bool(torch.isfinite(t).all()) for t in group) for group in groups]
     assert finite_groups(groups) == native
+
+
+def test_the_watch_keeps_the_gradients_of_the_backward_that_ends_the_script_and_of_no_other() -> None:
+    w = torch.ones(3, requires_grad=True)
+    with Session(stops=False).installed():
+        (w * 2).sum().backward()
+        earlier = weakref.ref(w.grad)
+        w.grad = None
+        assert earlier() is None  # nothing of the watch's holds it
+    session = Session(stop_at=2)
+    with pytest.raises(Stop), session.installed():
+        for _ in range(3):
+            (w * 3).sum().backward()
+    assert len(session.last_leaves) == 1 and session.last_leaves[0] is w and session.last_grads[0] is w.grad
+    assert w.grad.tolist() == [6.0, 6.0, 6.0]
