@@ -578,9 +578,3 @@ def view_base(tensor: torch.Tensor) -> torch.Tensor | None:
     """
     base: torch.Tensor | None = tensor._base
     return base
-
-
-#: One fused norm of a list of tensors (the doctor's trigger reads it once per backward); None where
-#: a release lacks it, and the trigger checks tensor by tensor.
-foreach_norm: Callable[[list[torch.Tensor]], tuple[torch.Tensor, ...]] | None = _lookup(
-    torch, "_foreach_norm")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ import torch
 import autograd_groups as ag
 from autograd_groups.cli import main
 from autograd_groups.doctor.diagnose import diagnose
+from autograd_groups.doctor.session import Session, Stop
+from autograd_groups.doctor.tensors import finite_groups
 from autograd_groups.script import run_script
 from tests.conftest import line_of
 
@@ -340,3 +343,46 @@ def test_a_distributed_script_is_diagnosed_in_one_process(tmp_path: Path) -> Non
         "x.sqrt().sum().backward()\n")
     report, _ = diagnose(str(script))
     assert report.cls == "B" and "one process was diagnosed: rank 0 of 1" in report.notes[0]
+
+
+def _spread(values: list[float], size: int = 1000, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``size`` ones with ``values`` spread through them."""
+    t = torch.ones(size, dtype=dtype)
+    t[torch.linspace(0, size - 1, len(values)).long()] = torch.tensor(values, dtype=dtype)
+    return t
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("groups", [
+    [[_spread([NAN])], [torch.ones(3)]],
+    [[torch.tensor(2.0)], [_spread([INF]), torch.ones(4)]],
+    [[torch.tensor(2.0)], [_spread([-INF])]],
+    [[torch.tensor(2.0)], [_spread([INF, -INF])]],  # its sum is NaN
+    [[torch.tensor(INF)], [_spread([-INF])]],  # the sums' sum is NaN
+    [[torch.tensor(1.0)], [_spread([3e38, 3e38])]],  # the sum overflows: all finite
+    [[torch.tensor(1.0)], [_spread([6e4, 6e4], dtype=torch.float16)]],
+    [[torch.tensor(1.0)], [_spread([6e4, INF], dtype=torch.float16), torch.ones(2, dtype=torch.float64)]],
+    [[torch.tensor(1.0)], [torch.tensor([1.0, complex(0, INF)])]],
+    [[torch.tensor(1.0)], [torch.tensor([1e38, 1e38]) * (1 + 1j), torch.arange(3)], [_spread([1e38])]],
+    [[torch.tensor(NAN, requires_grad=True)], [torch.ones(2)], [torch.zeros(0)]],
+])
+def test_the_trigger_says_exactly_which_groups_are_finite(groups: list[list[torch.Tensor]]) -> None:
+    native = [all(bool(torch.isfinite(t).all()) for t in group) for group in groups]
+    assert finite_groups(groups) == native
+
+
+def test_the_watch_keeps_the_gradients_of_the_backward_that_ends_the_script_and_of_no_other() -> None:
+    w = torch.ones(3, requires_grad=True)
+    with Session(stops=False).installed():
+        (w * 2).sum().backward()
+        earlier = weakref.ref(w.grad)
+        w.grad = None
+        assert earlier() is None  # nothing of the watch's holds it
+    session = Session(stop_at=2)
+    with pytest.raises(Stop), session.installed():
+        for _ in range(3):
+            (w * 3).sum().backward()
+    assert len(session.last_leaves) == 1 and session.last_leaves[0] is w and session.last_grads[0] is w.grad
+    assert w.grad.tolist() == [6.0, 6.0, 6.0]

@@ -21,8 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .. import compat
 from ..levels import graph_roots, passes_through
-from ..nodes import ACCUMULATE_GRAD
-from .tensors import finite_groups, floating, nodes_of, plain
+from .tensors import finite_groups, leaves_of, plain
 
 
 class Stop(BaseException):
@@ -87,7 +86,9 @@ class Session:
     backwards: list[Backward] = field(default_factory=list)
     ends: int = 0
     optimizer_steps: int = 0
-    #: The tensors the last backward differentiated, and their gradients (None where it gave none).
+    #: The tensors the backward that ended the script (or the last told to ``after``) differentiated,
+    #: and their gradients (None where it gave none): kept of no other backward, so that the watch
+    #: keeps no gradient of an earlier step alive.
     last_leaves: list[torch.Tensor] = field(default_factory=list)
     last_grads: Grads = field(default_factory=list)
     _opened: bool = False
@@ -127,51 +128,66 @@ class Session:
 
     def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
                call: Callable[[], Any]) -> Any:
+        # This runs around every backward of a training run: the common case (no torch.func, no
+        # compiler, nothing around it) does as little as it can.
         self._maybe_open_window()
         tensors = [r for r in roots if isinstance(r, torch.Tensor)]
         # torch.func.grad builds a graph for its own transforms, not for a higher order of the step.
-        functorch = any(compat.is_functorch_wrapped_tensor(r) for r in tensors)
+        functorch = any(map(compat.is_functorch_wrapped_tensor, tensors))
+        # Outside torch.func no tensor is wrapped: nothing to unwrap.
+        unwrap = functorch or compat.peek_interpreter_stack() is not None
         backward = Backward(len(self.backwards) + 1, bool(create_graph) and not functorch, self.ends)
         self.backwards.append(backward)
         nodes = graph_roots(tensors)
-        graph = nodes_of(nodes)
-        backward.compiled = any("CompiledFunction" in type(n).__name__ for n in graph)
-        targets = _targets(graph, inputs)
+        reached, inner = leaves_of(nodes)
+        # Only a compiler makes CompiledFunction nodes, and none runs before Dynamo is imported.
+        backward.compiled = compat.dynamo_imported() and any(
+            "CompiledFunction" in type(n).__name__ for n in inner)
+        # What the backward accumulates into: ``inputs`` if given, else the leaves it reaches.
+        targets = reached if inputs is None else (
+            [inputs] if isinstance(inputs, torch.Tensor) else list(inputs))
         returned: list[Any] = []
-        go = functools.partial(self._run, call, targets, create_graph, returned)
         if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
+            go = functools.partial(self._run, call, targets, create_graph, unwrap, returned)
             grads = self.around(backward, tensors, nodes, go)
         else:
-            grads = go()
-        groups = [floating(roots), floating(g for g in grads if g is not None)]
+            grads = self._run(call, targets, create_graph, unwrap, returned)
+        losses, leaves = tensors, targets
+        if unwrap:
+            losses, leaves = [plain(t) for t in tensors], [plain(t) for t in targets]
+        groups = [losses, [g for g in grads if g is not None]]
         if self.check_values:
-            groups.append(floating(targets))
+            groups.append(leaves)
         backward.loss_finite, backward.grads_finite, *values = finite_groups(groups)
         backward.values_finite = all(values)
-        if not backward.finite and any(getattr(r, _SCALED, False) for r in tensors):
+        if backward.finite:
+            self.overflows = 0
+        elif any(getattr(r, _SCALED, False) for r in tensors):
             self.overflows += 1
             backward.scaled_overflow = self.overflows < SCALER_SKIPS
-        elif backward.finite:
-            self.overflows = 0
-        self.last_leaves = [plain(t) for t in targets]
-        self.last_grads = [None if g is None else plain(g) for g in grads]
         if self.after is not None:
+            self.last_leaves, self.last_grads = leaves, grads
             self.after(backward)
         if not backward.create_graph:
             self._end_step()
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
                            or (self.stop_at is None and backward.bad)):
+            self.last_leaves, self.last_grads = leaves, grads
             raise Stop
         return returned[0] if returned else None
 
-    def _run(self, call: Callable[[], Any], targets: list[torch.Tensor], create_graph: bool,
+    def _run(self, call: Callable[[], Any], targets: list[torch.Tensor], create_graph: bool, unwrap: bool,
              returned: list[Any]) -> Grads:
-        with self._order(create_graph):
+        """Run the backward; the gradients it computed, unwrapped where ``unwrap``."""
+        if create_graph and self._opened and self.higher_order is not None:
+            with self.higher_order():
+                result = call()
+        else:
             result = call()
         returned.append(result)
-        if result is None:  # backward: the gradients are in the leaves
-            return [None if t.grad is None else plain(t.grad) for t in targets]
-        return list(result)
+        # backward: the gradients are in the leaves
+        grads = [t.grad for t in targets] if result is None else list(result)
+        return [None if g is None else plain(g) for g in grads] if unwrap else grads
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[Session]:
@@ -195,18 +211,6 @@ class Session:
     def _stepped(self, *_: Any) -> None:
         self.optimizer_steps += 1
         self._end_step()
-
-    def _order(self, create_graph: bool) -> contextlib.AbstractContextManager[Any]:
-        if create_graph and self._opened and self.higher_order is not None:
-            return self.higher_order()
-        return contextlib.nullcontext()
-
-
-def _targets(graph: list[Any], inputs: Any) -> list[torch.Tensor]:
-    """The tensors a backward accumulates into: ``inputs`` if given, else the graph's leaves."""
-    if inputs is None:
-        return [n.variable for n in graph if isinstance(n, ACCUMULATE_GRAD)]  # type: ignore[attr-defined]
-    return [inputs] if isinstance(inputs, torch.Tensor) else list(inputs)
 
 
 #: How many loss-scaler overflow steps in a row the watch lets pass: a scaler lowers its scale and

@@ -3,6 +3,7 @@ checks in one host read."""
 
 from __future__ import annotations
 
+import cmath
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import compat
+from ..nodes import ACCUMULATE_GRAD
 
 
 def plain(value: torch.Tensor) -> torch.Tensor:
@@ -53,23 +55,35 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all().cpu() for t in tensors]).all())
 
 
+_CPU = torch.device("cpu")
+
+
 def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     """For each group of tensors, whether all of it is finite: the trigger after each backward.
-    Where all are, that is one fused norm of every tensor and one host read; otherwise (or where
-    the norms overflow though every element is finite) each group is looked at exactly.
+    Where all are, that is a sum of each tensor (on a device, with one host read of them all);
+    otherwise (or where a sum overflows though every element is finite) each group is looked at
+    exactly.
 
-    >>> big, nan = torch.tensor([1e30, 1e30]), torch.tensor([0.0, float("nan")])
-    >>> finite_groups([[torch.ones(2)], [torch.ones(2), big], [nan]])
+    >>> big, nan = torch.tensor([3e38, 3e38]), torch.tensor([0.0, float("nan")])
+    >>> finite_groups([[torch.ones(2)], [torch.ones(2), big, torch.arange(3)], [nan]])
     [True, True, False]
     """
     flat = [t for group in groups for t in group]
-    kinds = {(t.dtype, t.device) for t in flat}
-    # One kind (dtype and device) of tensor, as a model's usually are: else each is looked at alone.
-    if len(kinds) == 1 and compat.foreach_norm is not None:
-        with torch.no_grad():
-            if math.isfinite(torch.stack(compat.foreach_norm(flat)).sum().item()):
-                return [True for _ in groups]
-    return [all_finite(group) for group in groups]
+    devices = {t.device for t in flat}
+    # A sum is finite where every element is (an infinity or a NaN makes it inf or NaN), and it
+    # reads each element once; detached where need be, so that autograd records nothing.
+    if devices <= {_CPU}:
+        # On the CPU a read waits for nothing: each sum is read as it is made, one element as it is.
+        total: complex = sum([(t if t.numel() == 1 else (t.detach() if t.requires_grad else t).sum()).item()
+                              for t in flat])
+    elif len(devices) == 1:
+        # One host read, so that the host waits for the device once.
+        total = torch.stack([(t.detach() if t.requires_grad else t).sum() for t in flat]).sum().item()
+    else:
+        total = math.nan
+    if cmath.isfinite(total):
+        return [True for _ in groups]
+    return [all_finite(floating(group)) for group in groups]
 
 
 def nodes_of(roots: Sequence[Any]) -> list[Any]:
@@ -86,3 +100,29 @@ def nodes_of(roots: Sequence[Any]) -> list[Any]:
         for child, _ in node.next_functions:
             stack.append(child)
     return found
+
+
+def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:
+    """The leaves reachable from the autograd nodes ``roots`` (the tensors their accumulators write
+    into), and the other nodes reached.
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> leaves, inner = leaves_of([(x * 2).exp().grad_fn])
+    >>> leaves[0] is x, [type(n).__name__ for n in inner]
+    (True, ['ExpBackward0', 'MulBackward0'])
+    """
+    leaves: list[torch.Tensor] = []
+    inner: list[Any] = []
+    seen: set[Any] = {None}
+    edges = [(root, 0) for root in roots]  # as next_functions gives them: (node, input number)
+    while edges:
+        node, _ = edges.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if type(node) is ACCUMULATE_GRAD:
+            leaves.append(node.variable)  # type: ignore[attr-defined]
+        else:
+            inner.append(node)
+            edges += node.next_functions
+    return leaves, inner
