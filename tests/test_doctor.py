@@ -367,9 +367,12 @@ INF, NAN = float("inf"), float("nan")
     [[torch.tensor(1.0)], [torch.tensor([1.0, complex(0, INF)])]],
     [[torch.tensor(1.0)], [torch.tensor([1e38, 1e38]) * (1 + 1j), torch.arange(3)], [_spread([1e38])]],
     [[torch.tensor(NAN, requires_grad=True)], [torch.ones(2)], [torch.zeros(0)]],
+    # An embedding's sparse gradient (nn.Embedding(sparse=True)), finite and not.
+    [[torch.tensor(1.0)], [_spread([NAN]).reshape(100, 10).to_sparse()], [torch.ones(3, 2).to_sparse()]],
+    [[torch.tensor(1.0)], [_spread([3e38, 3e38]).reshape(100, 10).to_sparse_csr()]],
 ])
 def test_the_trigger_says_exactly_which_groups_are_finite(groups: list[list[torch.Tensor]]) -> None:
-    native = [all(bool(torch.isfinite(t).all()) for t in group) for group in groups]
+    native = [all(bool(torch.isfinite(t.to_dense()).all()) for t in group) for group in groups]
     assert finite_groups(groups) == native
 
 

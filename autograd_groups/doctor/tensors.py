@@ -44,7 +44,7 @@ def finite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
     """
     if not tensors:
         return []
-    flags = torch.stack([torch.isfinite(t).all().to("cpu", non_blocking=True) for t in tensors])
+    flags = torch.stack([torch.isfinite(stored(t)).all().to("cpu", non_blocking=True) for t in tensors])
     return [bool(f) for f in flags.tolist()]
 
 
@@ -52,7 +52,19 @@ def all_finite(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether every tensor is finite everywhere, read once."""
     if not tensors:
         return True
-    return bool(torch.stack([torch.isfinite(t).all().cpu() for t in tensors]).all())
+    return bool(torch.stack([torch.isfinite(stored(t)).all().cpu() for t in tensors]).all())
+
+
+def stored(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements ``tensor`` stores: a sparse tensor's values (an embedding's sparse gradient),
+    on which ``isfinite`` works, where it does not on the sparse tensor itself.
+
+    >>> stored(torch.tensor([[0.0, 2.0], [0.0, 0.0]]).to_sparse())
+    tensor([2.])
+    """
+    if tensor.layout == torch.strided:
+        return tensor
+    return tensor.coalesce().values() if tensor.layout == torch.sparse_coo else tensor.values()
 
 
 _CPU = torch.device("cpu")
