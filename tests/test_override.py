@@ -201,3 +201,19 @@ def test_a_two_output_replacement_reading_the_outputs_is_differentiated_through_
         for block_ours, block_theirs in (pair for rows in zip(ours, theirs) for pair in zip(*rows)):
             assert torch.isfinite(block_ours).all()
             torch.testing.assert_close(block_ours[1:, 1:], block_theirs[1:, 1:])
+
+
+@pytest.mark.parametrize(("grouped", "native"), [
+    (ag.ops.atan2, torch.atan2),
+    (lambda a, b: ag.ops.pow(a, b), torch.pow),
+], ids=["atan2", "pow"])
+def test_a_second_backward_through_a_gradient_that_holds_the_groups_output(grouped, native) -> None:
+    """``grad(h * y, q, create_graph=True)`` holds ``h`` itself: a backward of it runs through the
+    group's subgraph twice (the gradient's graph, and the override's own backward of ``h``)."""
+    def second(op):
+        q = torch.tensor([0.5, 0.3], dtype=torch.float64, requires_grad=True)
+        h = op(q[1], q[0])
+        (g,) = torch.autograd.grad(h * q[1], q, create_graph=True)
+        return torch.autograd.grad(g.sum(), q)[0]
+
+    torch.testing.assert_close(second(grouped), second(native))

@@ -116,9 +116,23 @@ def _automatic(ctx: Any, inputs: tuple[torch.Tensor, ...], grads: tuple[torch.Te
                create_graph: bool) -> list[torch.Tensor | None]:
     """The gradients of the group's own subgraph, by the backward autograd generated for it."""
     wanted = [x for x in inputs if x.requires_grad]
-    found = iter(torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
-                                     create_graph=create_graph, allow_unused=True))
-    return [next(found) if x.requires_grad else None for x in inputs]
+    try:
+        found = torch.autograd.grad(ctx.outputs, wanted, grads, retain_graph=True,
+                                    create_graph=create_graph, allow_unused=True)
+    except RuntimeError as e:
+        if "backward through the graph a second time" not in str(e):
+            raise
+        # A backward through a gradient taken with create_graph that also reaches this group's
+        # output (``grad(h * x, x, create_graph=True)`` then ``grad`` of that: it holds ``h``) runs
+        # through the group's subgraph twice, as part of that gradient's graph and here, and the
+        # first pass freed its saved values: the group runs again on the same inputs for a subgraph
+        # of its own, as torch.utils.checkpoint recomputes a forward.
+        run: _Run = ctx.run
+        with torch.enable_grad():
+            again = tensors_of(run.fn(*run.args, **run.kwargs))
+        found = torch.autograd.grad(again, wanted, grads, create_graph=create_graph, allow_unused=True)
+    given = iter(found)
+    return [next(given) if x.requires_grad else None for x in inputs]
 
 
 def _replacement(rule: Override, instance: GroupInstance, view: OverrideContext,
