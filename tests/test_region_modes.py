@@ -14,6 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import autograd_groups as ag
+from autograd_groups.groups import differentiated_again
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("compile")]
 
@@ -116,12 +117,49 @@ def test_export_and_torchscript_say_what_they_do_with_its_rules() -> None:
             torch.jit.script(region)
 
 
-def test_a_double_backward_through_its_compiled_backward_names_the_group() -> None:
-    x = rows().requires_grad_()
-    (grad,) = torch.autograd.grad(region(x).sum(), x, create_graph=True)
-    torch.testing.assert_close(grad, grad_of(eager, rows()))
-    with pytest.raises(ag.GroupError, match=r"group 'modes\.region' \(compile=True\): a gradient of its "
-                                            r"compiled backward was asked for"):
-        grad.pow(2).sum().backward()
+def test_a_backward_through_its_gradient_is_the_eager_groups() -> None:
+    """``create_graph=True``, then a backward through the gradient (a gradient penalty): the eager
+    group's backward takes the compiled one's place, at the special row too."""
+    def penalty(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        x = x.detach().requires_grad_()
+        (grad,) = torch.autograd.grad((fn(x) * torch.arange(1.0, 4.0, dtype=x.dtype)).sum(), x,
+                                      create_graph=True)
+        (grad.pow(2).sum() + fn(x).sum()).backward()
+        assert x.grad is not None
+        return x.grad
+
+    got, want = penalty(region, rows()), penalty(eager, rows())
+    torch.testing.assert_close(got, want)
+    assert torch.isfinite(got).all()
     hessian = torch.func.hessian(lambda v: region(v).sum())(rows()[1])  # eager under torch.func
     torch.testing.assert_close(hessian, torch.func.hessian(lambda v: eager(v).sum())(rows()[1]))
+
+
+def test_a_list_of_tensors_as_argument_is_differentiated_again_eagerly_too() -> None:
+    @ag.autograd_group("modes.listed", compile={"backend": "aot_eager"})
+    def scaled(vs: list[torch.Tensor]) -> torch.Tensor:
+        return length(vs[0] * vs[1])
+
+    def penalty(fn: Callable[[list[torch.Tensor]], torch.Tensor]) -> list[torch.Tensor]:
+        x, w = rows().requires_grad_(), torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).requires_grad_()
+        (grad,) = torch.autograd.grad(fn([x, w]).sum(), x, create_graph=True)
+        grad.pow(2).sum().backward()
+        return [x.grad, w.grad]  # type: ignore[list-item]
+
+    with ag.registry_scope():
+        ag.register_rule("modes.listed", RULE)
+        got = penalty(scaled)
+    want = penalty(lambda vs: eager(vs[0] * vs[1]))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_where_its_inputs_are_not_all_known_a_backward_through_its_gradient_names_the_group() -> None:
+    x, w = rows().requires_grad_(), torch.ones(3, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(lambda a, b: length(a * b), backend="aot_eager")
+    out = compiled(x, w)
+    differentiated_again.eagerly("modes.partial", out, [x], lambda: length(x * w))  # w not told
+    (grad,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+    with pytest.raises(ag.GroupError, match=r"group 'modes\.partial' \(compile=True\): a gradient of its "
+                                            r"compiled backward was asked for .* reads tensors other than"):
+        grad.pow(2).sum().backward()

@@ -25,7 +25,6 @@ traced, and where Dynamo or the backend refused to compile it (said once, by a w
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 import types
 import warnings
@@ -35,14 +34,13 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..errors import GroupError, RegionWarning
+from ..errors import RegionWarning
 from ..flag import current_state
 from ..frames import user_frame
 from ..observe import counters
 from ..rules.compile_options import BUDGET, TORCH_OPTIONS
 from ..rules.registry import breaks_graph, generation, has_rules
-from . import compiled
-from .lifecycle import tensors_of
+from . import compiled, differentiated_again
 
 
 class Region:
@@ -135,7 +133,7 @@ class Region:
         if not self._local.ran_eagerly:
             counters.count_region_call(self.name, "compiled")
             if torch.is_grad_enabled():
-                _say_no_double_backward(self.name, out)
+                differentiated_again.eagerly(self.name, out, compat.tree_flatten((args, kwargs))[0], eager)
         return out
 
     def _compile(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -194,48 +192,6 @@ def _saved_bytes(storages: dict[int, int]) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield
-
-
-def _say_no_double_backward(name: str, out: Any) -> None:
-    """Make a backward through the compiled backward of group ``name`` (``create_graph=True``, then
-    a second backward) raise an error naming the group: AOTAutograd's own names none."""
-    nodes = {id(node): node for node in _compiled_nodes(tensors_of(out))}
-    for node in nodes.values():
-        node.register_hook(functools.partial(_refuse_its_backward, name))
-
-
-def _compiled_nodes(outputs: list[torch.Tensor]) -> list[Any]:
-    """The nodes of a compiled region's outputs: theirs, or below the view nodes on top of them."""
-    found = []
-    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
-    seen: set[int] = set()
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if type(node).__name__.startswith("CompiledFunctionBackward"):
-            found.append(node)
-        elif "View" in type(node).__name__ or "AsStrided" in type(node).__name__:
-            stack += [child for child, _ in node.next_functions if child is not None]
-    return found
-
-
-def _refuse_its_backward(name: str, grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
-    if not torch.is_grad_enabled():  # an ordinary backward: nothing to do
-        return
-    for grad in grad_inputs:
-        if isinstance(grad, torch.Tensor) and grad.grad_fn is not None:
-            grad.grad_fn.register_prehook(functools.partial(_refuse, name))
-
-
-def _refuse(name: str, grad_outputs: tuple[Any, ...]) -> None:
-    raise GroupError(
-        f"group {name!r} (compile=True): a gradient of its compiled backward was asked for (a backward "
-        f"through gradients taken with create_graph=True), and a compiled backward has none (PyTorch's "
-        f"AOTAutograd does not differentiate it again). Take second derivatives with torch.func "
-        f"(hessian, jacrev(jacrev), jacfwd(jacrev)), where the group runs eagerly with its rules, or "
-        f"declare the group without compile= (documentation: 'Compiled groups')")
 
 
 def reused(fn: Callable[..., Any]) -> Callable[..., Any]:
