@@ -12,33 +12,44 @@ raises an error that names the group instead of AOTAutograd's, which names none.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import flag
+from .. import compat, flag
 from ..errors import GroupError
 from ..nodes import ACCUMULATE_GRAD
 from .lifecycle import tensors_of
 
 
-def eagerly(name: str, out: Any, arguments: Sequence[Any], eager: Callable[[], Any]) -> None:
+def eagerly(name: str, out: Any, arguments: Any, eager: Callable[[], Any]) -> None:
     """Make a ``create_graph=True`` backward through the compiled call of group ``name`` (its
-    outputs ``out``, its arguments ``arguments``) run ``eager()``, the eager group's call, instead."""
+    outputs ``out``, its arguments ``arguments``, any nesting of them) run ``eager()``, the eager
+    group's call, instead. One hook per call; what it needs is found only when it is needed."""
     outputs = tensors_of(out)
     nodes = {id(t.grad_fn): t.grad_fn for t in outputs if t.grad_fn is not None}
-    inputs = list({id(a): a for a in arguments if isinstance(a, torch.Tensor) and a.requires_grad}.values())
-    if len(nodes) == 1:
-        (node,) = nodes.values()
-        slots = _slots(node, inputs)
-        if type(node).__name__.startswith("CompiledFunctionBackward") and slots is not None:
-            positions = [t.output_nr if t.grad_fn is node else None for t in outputs]
-            node.register_hook(functools.partial(_eager_backward, flag.current_state(), positions, inputs,
-                                                 slots, eager))
-            return
     for node in nodes.values():
-        node.register_hook(functools.partial(_refuse_its_backward, name))
+        positions = [t.output_nr if t.grad_fn is node else None for t in outputs]
+        node.register_hook(functools.partial(_differentiated_again, name, flag.current_state(), positions,
+                                             len(nodes) == 1, arguments, eager))
+
+
+def _differentiated_again(name: str, state: flag.FlagState, positions: list[int | None], alone: bool,
+                          arguments: Any, eager: Callable[[], Any], grad_inputs: tuple[Any, ...],
+                          grad_outputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    if not torch.is_grad_enabled():  # an ordinary backward: the compiled gradients stand
+        return None
+    node = compat.current_autograd_node()  # the compiled call's node: a hook that held it would leak it
+    inputs = list({id(a): a for a in compat.tree_flatten(arguments)[0]
+                   if isinstance(a, torch.Tensor) and a.requires_grad}.values())
+    slots = _slots(node, inputs) if alone and node is not None else None
+    if slots is None:
+        for grad in grad_inputs:
+            if isinstance(grad, torch.Tensor) and grad.grad_fn is not None:
+                grad.grad_fn.register_prehook(functools.partial(_refuse, name))
+        return None
+    return _eager_backward(state, positions, inputs, slots, eager, grad_inputs, grad_outputs)
 
 
 def _slots(node: Any, inputs: list[torch.Tensor]) -> dict[int, int | None] | None:
@@ -65,9 +76,8 @@ def _leads_to(child: Any, number: int, x: torch.Tensor) -> bool:
 
 def _eager_backward(state: flag.FlagState, positions: list[int | None], inputs: list[torch.Tensor],
                     slots: dict[int, int | None], eager: Callable[[], Any], grad_inputs: tuple[Any, ...],
-                    grad_outputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    if not torch.is_grad_enabled():  # an ordinary backward: the compiled one's gradients stand
-        return None
+                    grad_outputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The eager group's gradients, with their graph, in the places of the compiled ones."""
     with flag.restored(state), torch.enable_grad():
         again = tensors_of(eager())
     pairs = [(o, grad_outputs[k]) for o, k in zip(again, positions)
@@ -78,14 +88,6 @@ def _eager_backward(state: flag.FlagState, positions: list[int | None], inputs: 
     for edge, k in slots.items():
         picked[edge] = None if k is None else found[k]
     return tuple(picked)
-
-
-def _refuse_its_backward(name: str, grad_inputs: tuple[Any, ...], grad_outputs: tuple[Any, ...]) -> None:
-    if not torch.is_grad_enabled():  # an ordinary backward: nothing to do
-        return
-    for grad in grad_inputs:
-        if isinstance(grad, torch.Tensor) and grad.grad_fn is not None:
-            grad.grad_fn.register_prehook(functools.partial(_refuse, name))
 
 
 def _refuse(name: str, grad_outputs: tuple[Any, ...]) -> None:

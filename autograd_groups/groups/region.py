@@ -133,7 +133,7 @@ class Region:
         if not self._local.ran_eagerly:
             counters.count_region_call(self.name, "compiled")
             if torch.is_grad_enabled():
-                differentiated_again.eagerly(self.name, out, compat.tree_flatten((args, kwargs))[0], eager)
+                differentiated_again.eagerly(self.name, out, (args, kwargs), eager)
         return out
 
     def _compile(self) -> tuple[Callable[..., Any], Callable[..., Any]]:
