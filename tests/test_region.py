@@ -11,6 +11,7 @@ default, inductor.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Iterator
 
@@ -99,6 +100,16 @@ def registered() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def length_group(name: str, compile: object) -> Iterator[Callable[..., torch.Tensor]]:
+    """``length`` as a new group ``name`` declared with ``compile``, its sqrt rule registered for the
+    block."""
+    grouped: Callable[..., torch.Tensor] = ag.autograd_group(name, compile=compile)(length)  # type: ignore[arg-type]
+    with ag.registry_scope():
+        _rules(name, "subgradient")
+        yield grouped
+
+
 def grad_of(fn: Callable[..., torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     x = x.detach().requires_grad_()
     fn(x).sum().backward()
@@ -135,13 +146,8 @@ def test_dynamic_shapes_compile_once_more_and_then_serve_every_batch() -> None:
 
 
 def test_the_flag_is_obeyed_at_every_call_with_one_compile_per_setting() -> None:
-    @ag.autograd_group("region.flag", compile=AOT)
-    def grouped(v: torch.Tensor) -> torch.Tensor:
-        return length(v)
-
     x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
-    with ag.registry_scope():
-        _rules("region.flag", "subgradient")
+    with length_group("region.flag", AOT) as grouped:
         plain = grad_of(length, x)
         assert plain.isnan().any()  # the release's own composite, asked: the rule matters here
         seen = []
@@ -218,13 +224,8 @@ def test_inside_an_outer_compile_the_group_is_one_region_reused_with_no_graph_br
 
 
 def test_past_its_budget_a_group_runs_eagerly_and_says_so_once() -> None:
-    @ag.autograd_group("region.budget", compile={**AOT, "budget": 1})
-    def grouped(v: torch.Tensor) -> torch.Tensor:
-        return length(v)
-
     rows = CASES["subgradient"][3]
-    with ag.registry_scope():
-        _rules("region.budget", "subgradient")
+    with length_group("region.budget", {**AOT, "budget": 1}) as grouped:
         ag.reset_stats()
         first = grad_of(grouped, torch.tensor(rows, dtype=torch.float64))
         told = (r"group 'region\.budget' \(compile=True\) runs eagerly at calls that would compile it "
@@ -247,13 +248,8 @@ def test_a_compile_the_backend_refuses_runs_eagerly_and_says_so_once() -> None:
     def refuse(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., object]:
         raise RuntimeError("this backend compiles nothing")
 
-    @ag.autograd_group("region.refused", compile={"backend": refuse})
-    def grouped(v: torch.Tensor) -> torch.Tensor:
-        return length(v)
-
     x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
-    with ag.registry_scope():
-        _rules("region.refused", "subgradient")
+    with length_group("region.refused", {"backend": refuse}) as grouped:
         ag.reset_stats()
         with pytest.warns(RegionWarning, match=r"runs eagerly from now on: the compiler refused it "
                                                 r"\(BackendCompilerFailed"):
@@ -304,13 +300,8 @@ def test_a_trace_sees_the_group_it_runs_eagerly() -> None:
 
 
 def test_inductor_by_default() -> None:
-    @ag.autograd_group("region.inductor", compile=True)
-    def grouped(v: torch.Tensor) -> torch.Tensor:
-        return length(v)
-
     x = torch.tensor(CASES["subgradient"][3], dtype=torch.float32)
-    with ag.registry_scope():
-        _rules("region.inductor", "subgradient")
+    with length_group("region.inductor", True) as grouped:
         ag.reset_stats()
         torch.testing.assert_close(grad_of(grouped, x), grad_of(CASES["subgradient"][2], x))
         calls = region_calls("region.inductor")
@@ -389,12 +380,7 @@ def _wrong_backward(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
 
 @pytest.mark.parametrize("backend", ["aot_eager", _wrong_backward], ids=["right", "wrong"])
 def test_verify_checks_the_compiled_region_against_the_eager_group(backend: object) -> None:
-    @ag.autograd_group("region.verified", compile={"backend": backend})
-    def grouped(v: torch.Tensor) -> torch.Tensor:
-        return length(v)
-
-    with ag.registry_scope():
-        _rules("region.verified", "subgradient")
+    with length_group("region.verified", {"backend": backend}) as grouped:
         report = ag.verify(lambda v: grouped(v).sum(), torch.tensor(CASES["subgradient"][3]))
     (row,) = [r for r in report.rows if r.rule == "compiled region"]
     rule_rows = [r.status for r in report.rows if r.rule != "compiled region"]
