@@ -203,17 +203,12 @@ def test_a_two_output_replacement_reading_the_outputs_is_differentiated_through_
             torch.testing.assert_close(block_ours[1:, 1:], block_theirs[1:, 1:])
 
 
-@pytest.mark.parametrize(("grouped", "native"), [
-    (ag.ops.atan2, torch.atan2),
-    (lambda a, b: ag.ops.pow(a, b), torch.pow),
-], ids=["atan2", "pow"])
-def test_a_second_backward_through_a_gradient_that_holds_the_groups_output(grouped, native) -> None:
+@pytest.mark.parametrize("op", [ag.ops.atan2, ag.ops.pow], ids=["atan2", "pow"])
+@pytest.mark.parametrize("point", [[0.5, 0.3], [0.0, 0.3]], ids=["ordinary", "on the y axis"])
+def test_a_second_backward_through_a_gradient_that_holds_the_groups_output(op, point) -> None:
     """``grad(h * y, q, create_graph=True)`` holds ``h`` itself: a backward of it runs through the
-    group's subgraph twice (the gradient's graph, and the override's own backward of ``h``)."""
-    def second(op):
-        q = torch.tensor([0.5, 0.3], dtype=torch.float64, requires_grad=True)
-        h = op(q[1], q[0])
-        (g,) = torch.autograd.grad(h * q[1], q, create_graph=True)
-        return torch.autograd.grad(g.sum(), q)[0]
-
-    torch.testing.assert_close(second(grouped), second(native))
+    group's subgraph twice (the gradient's graph, and the override's own backward of ``h``). Checked
+    against finite differences (at ``pow``'s zero exponent torch.pow's own double backward drops a
+    term on some releases, so it is no reference)."""
+    q = torch.tensor(point, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda q: op(q[1], q[0]) * q[1], (q,))

@@ -151,9 +151,11 @@ def test_the_flag_is_obeyed_at_every_call_with_one_compile_per_setting() -> None
         plain = grad_of(length, x)
         assert plain.isnan().any()  # the release's own composite, asked: the rule matters here
         seen = []
-        for enabled in (True, False, True, False):
-            with ag.special_cases(enabled):
-                seen.append(grad_of(grouped, x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RegionWarning)  # within its budget: no warning
+            for enabled in (True, False, True, False):
+                with ag.special_cases(enabled):
+                    seen.append(grad_of(grouped, x))
         torch.testing.assert_close(seen[1], plain, equal_nan=True)
         torch.testing.assert_close(seen[3], plain, equal_nan=True)
         assert torch.isfinite(seen[0]).all() and torch.equal(seen[0], seen[2])
@@ -169,15 +171,17 @@ def test_torch_func_and_forward_mode_run_the_eager_group_with_its_values() -> No
              *inputs: torch.Tensor) -> None:
         got = transform(lambda v: grouped(v).sum())(*inputs)
         want = transform(lambda v: eager(v).sum())(*inputs)
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, equal_nan=True)
 
     both(lambda f: torch.func.vmap(torch.func.grad(f)), x)
-    both(lambda f: torch.func.jacrev(torch.func.jacrev(f)), x[1])
-    both(lambda f: torch.func.jacrev(torch.func.jacrev(f)), x[0])
-    both(lambda f: torch.func.jacfwd(torch.func.jacrev(f)), x[1])
     both(lambda f: (lambda v: torch.func.jvp(f, (v,), (torch.ones_like(v),))), x)
-    both(lambda f: (lambda v: torch.func.jvp(lambda u: torch.func.jvp(f, (u,), (torch.ones_like(u),))[1],
-                                             (v,), (torch.ones_like(v),))), x[1])
+    func = torch.func
+    for point in (x[0], x[1]):  # the special row (|v| = 0), an ordinary one
+        for outer in (func.jacrev, func.jacfwd):
+            for inner in (func.jacrev, func.jacfwd):
+                both(lambda f, outer=outer, inner=inner: outer(inner(f)), point)
+        both(lambda f: (lambda v: func.jvp(lambda u: func.jvp(f, (u,), (torch.ones_like(u),))[1],
+                                           (v,), (torch.ones_like(v),))), point)
     calls = region_calls("region.subgradient")
     assert calls["compiled_calls"] == 0
     assert set(calls["eager_calls"]) == {"torch.func transform"}  # type: ignore[arg-type]
@@ -251,8 +255,7 @@ def test_a_compile_the_backend_refuses_runs_eagerly_and_says_so_once() -> None:
     x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
     with length_group("region.refused", {"backend": refuse}) as grouped:
         ag.reset_stats()
-        with pytest.warns(RegionWarning, match=r"runs eagerly from now on: the compiler refused it "
-                                                r"\(BackendCompilerFailed"):
+        with pytest.warns(RegionWarning, match=r"runs eagerly from now on: the compiler refused it \(\w+: "):
             got = grad_of(grouped, x)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RegionWarning)
