@@ -9,7 +9,9 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,6 +22,28 @@ from .errors import RuleError
 ACCUMULATE_GRAD: type = compat.ACCUMULATE_GRAD
 _BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+def reachable(roots: Iterable[Any]) -> list[Any]:
+    """Every autograd node reachable from the nodes ``roots`` (leaf accumulators included), in
+    the order of one explicit depth-first walk. The list holds each node: a node's Python object
+    dies once dropped, and a new one may then reuse its id (torch 2.11 keeps none alive).
+
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> [type(n).__name__ for n in reachable([(x * 2).exp().grad_fn])]
+    ['ExpBackward0', 'MulBackward0', 'AccumulateGrad']
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+    stack = [root for root in roots if root is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        found.append(node)
+        stack.extend(child for child, _ in node.next_functions if child is not None)
+    return found
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import Any
 import torch
 from torch.overrides import handle_torch_function
 
+from .. import nodes
 from ..levels import passes_through
 from ..script import Exit, run_script
 from .instruments import BackwardWatch, ForwardWatch, Ran
 from .session import Backward, Grads, Session, Stop
-from .tensors import nodes_of
 
 
 @dataclass
@@ -115,7 +115,7 @@ class Instrumented:
         """The bad backward: stop recording the forward, hook every node, run it."""
         self.forward.recording = False
         self.backward, self.roots = backward, roots
-        watcher = BackwardWatch(nodes_of(graph_roots))
+        watcher = BackwardWatch(nodes.reachable(graph_roots))
         try:
             self.grads = go()
         finally:

@@ -98,20 +98,6 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     return [all_finite(floating(group)) for group in groups]
 
 
-def nodes_of(roots: Sequence[Any]) -> list[Any]:
-    """Every autograd node reachable from ``roots`` (leaf accumulators included)."""
-    found: list[Any] = []
-    seen: set[Any] = {None}
-    stack = list(roots)
-    while stack:
-        node = stack.pop()
-        if node in seen:
-            continue
-        seen.add(node)
-        found.append(node)
-        for child, _ in node.next_functions:
-            stack.append(child)
-    return found
 
 
 def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:

@@ -14,7 +14,7 @@ import torch
 from ..groups.group import autograd_group
 from ..observe import anomaly, counters, tracer
 from ..observe.recording import Call
-from .points import generator, outputs_of, seeded
+from .points import differentiable, generator, outputs_of, projection, seeded
 from .verdict import CONSISTENT, INCONSISTENT, NOT_CHECKED, Row
 
 #: The row's rule column: what is checked is the group's compiled region, not one of its rules.
@@ -57,7 +57,8 @@ def compiled_row(call: Call, instance: str, where: str, order: int) -> Row:
         same_nan = g.isnan() & w.isnan()
         gap = (g - w).abs().masked_fill(same_nan, 0).nan_to_num(float("inf"), float("inf"))
         if gap.numel() and float(gap.max()) > worst:
-            worst, at = float(gap.max()), f"{name}{list(divmod_index(int(gap.argmax()), gap.shape))}"
+            index = torch.unravel_index(gap.argmax(), gap.shape)
+            worst, at = float(gap.max()), f"{name}{[int(i) for i in index]}"
     tolerance = ULPS * torch.finfo(dtype).eps * max(scale, 1.0)
     row.status = CONSISTENT if worst <= tolerance else INCONSISTENT
     row.difference, row.tolerance = worst, tolerance
@@ -71,23 +72,14 @@ def compiled_row(call: Call, instance: str, where: str, order: int) -> Row:
 def _gradients(fn: Any, call: Call) -> list[torch.Tensor | None] | None:
     """The gradient of a fixed random projection of ``fn``'s outputs with respect to the call's
     floating-point tensor arguments (copies of them)."""
-    args = [_leaf(a) for a in call.args]
-    kwargs = {k: _leaf(v) for k, v in call.kwargs.items()}
+    args = [differentiable(a) for a in call.args]
+    kwargs = {k: differentiable(v) for k, v in call.kwargs.items()}
     inputs = [a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor) and a.requires_grad]
     with seeded():
         outputs = outputs_of(fn(*args, **kwargs))
     if not outputs or not inputs:
         return None
-    weights = generator()
-    projected = sum(((o * torch.randn(o.shape, generator=weights, dtype=o.dtype)).sum() for o in outputs),
-                    torch.zeros((), dtype=outputs[0].dtype))
-    return list(torch.autograd.grad(projected, inputs, allow_unused=True))
-
-
-def _leaf(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().clone().requires_grad_()
-    return value
+    return list(torch.autograd.grad(projection(outputs, generator()), inputs, allow_unused=True))
 
 
 def _names(call: Call) -> list[str]:
@@ -100,16 +92,3 @@ def _names(call: Call) -> list[str]:
 def _compiled_calls(name: str) -> int:
     calls: int = counters.stats().get(name, {}).get("region", {}).get("compiled_calls", 0)
     return calls
-
-
-def divmod_index(flat: int, shape: torch.Size) -> tuple[int, ...]:
-    """The index in a tensor of ``shape`` of its ``flat``-th element (row-major).
-
-    >>> divmod_index(5, torch.Size([2, 3]))
-    (1, 2)
-    """
-    index = []
-    for size in reversed(shape):
-        flat, rest = divmod(flat, size)
-        index.append(rest)
-    return tuple(reversed(index))

@@ -15,7 +15,7 @@ import torch
 
 from .. import compat, flag, nodes
 from ..observe import tracer
-from .points import Point, generator, outputs_of, seeded
+from .points import Point, generator, outputs_of, projection, seeded
 
 
 def nonfinite_origin(point: Point, order: int) -> tuple[str, str] | None:
@@ -38,16 +38,14 @@ def nonfinite_origin(point: Point, order: int) -> tuple[str, str] | None:
             outputs = outputs_of(point.run(xs))
         if not outputs:
             return None
-        projected = sum(((o * torch.randn(o.shape, generator=weights, dtype=o.dtype)).sum()
-                         for o in outputs), torch.zeros((), dtype=outputs[0].dtype))
+        projected = projection(outputs, weights)
         if order == 1:
             return _born([projected], lambda: torch.autograd.grad(projected, xs, allow_unused=True))
         grads = [g for g in torch.autograd.grad(projected, xs, create_graph=True, allow_unused=True)
                  if g is not None and g.requires_grad]
         if not grads:
             return None
-        product = sum(((g * torch.randn(g.shape, generator=weights, dtype=g.dtype)).sum() for g in grads),
-                      torch.zeros((), dtype=grads[0].dtype))
+        product = projection(grads, weights)
         return _born([product], lambda: torch.autograd.grad(product, xs, allow_unused=True))
 
 
@@ -61,18 +59,9 @@ def _born(roots: Sequence[torch.Tensor], run: Callable[[], Any]) -> tuple[str, s
         if not found and _finite(grad_outputs) and not _finite(grad_inputs):
             found.append(node)
 
-    handles = []
-    # Python node wrappers die when unreferenced and their ids are reused: keep every one alive.
-    seen: dict[int, Any] = {}
-    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        if type(node) is not nodes.ACCUMULATE_GRAD:
-            handles.append(node.register_hook(lambda i, o, node=node: hook(i, o, node)))
-        stack.extend(child for child, _ in node.next_functions if child is not None)
+    handles = [node.register_hook(lambda i, o, node=node: hook(i, o, node))
+               for node in nodes.reachable(r.grad_fn for r in roots)
+               if type(node) is not nodes.ACCUMULATE_GRAD]
     try:
         run()
     finally:

@@ -55,6 +55,20 @@ def outputs_of(out: Any) -> list[torch.Tensor]:
             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad]
 
 
+def differentiable(value: Any) -> Any:
+    """A copy of a floating-point tensor argument that requires grad (any other value as it is)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().clone().requires_grad_()
+    return value
+
+
+def projection(tensors: list[torch.Tensor], weights: torch.Generator) -> torch.Tensor:
+    """A fixed random linear combination of the elements of ``tensors`` (drawn from ``weights``, in
+    their dtype): one scalar whose gradient stands for all of theirs."""
+    return sum(((t * torch.randn(t.shape, generator=weights, dtype=t.dtype)).sum() for t in tensors),
+               torch.zeros((), dtype=tensors[0].dtype))
+
+
 @dataclass
 class Point:
     """``run`` is a function of the tensors ``inputs`` (named ``names``); it is checked there."""

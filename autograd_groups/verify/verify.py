@@ -36,7 +36,7 @@ from . import limits
 from .compiled_check import compiled_row
 from .judge import MAX_DIFFERENCES, Judge, Judged
 from .origin import nonfinite_origin
-from .points import AtPoint, Point, Probe, generator, outputs_of, point_of, seeded
+from .points import AtPoint, Point, Probe, differentiable, generator, outputs_of, point_of, seeded
 from .verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, LIMITS, NOT_CHECKED, Report, Row
 
 #: How many instances of each group where a rule fired are checked, by default.
@@ -91,8 +91,8 @@ def verify(fn: Callable[..., Any], *args: Any, order: int = 1, max_instances: in
 def _verify(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], order: int,
             max_instances: int) -> Report:
     recorder = Recorder(copies=max_instances)
-    copied_args = tuple(_differentiable(a) for a in args)
-    copied_kwargs = {k: _differentiable(v) for k, v in kwargs.items()}
+    copied_args = tuple(differentiable(a) for a in args)
+    copied_kwargs = {k: differentiable(v) for k, v in kwargs.items()}
     with tracer.trace() as session, recording(recorder):
         with seeded():
             outputs = outputs_of(fn(*copied_args, **copied_kwargs))
@@ -222,30 +222,11 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def _differentiable(value: Any) -> Any:
-    """A copy of a floating-point tensor argument that requires grad: what ``fn`` runs on."""
-    if isinstance(value, torch.Tensor) and value.is_floating_point():
-        return value.detach().clone().requires_grad_()
-    return value
-
-
 def _leaves(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The leaf tensors that require grad behind ``outputs`` (an explicit walk, no recursion)."""
-    found: list[torch.Tensor] = []
-    # Holds the nodes it names: a node's Python object can die once dropped, and a new one then
-    # reuse its id (torch 2.11 keeps none alive for the graph).
-    seen: dict[int, Any] = {}
-    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen[id(node)] = node
-        leaf = tracer.leaf_tensor(node) if type(node) is nodes.ACCUMULATE_GRAD else None
-        if leaf is not None:
-            found.append(leaf)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
-    return found
+    """The leaf tensors that require grad behind ``outputs``."""
+    accumulators = [node for node in nodes.reachable(o.grad_fn for o in outputs)
+                    if type(node) is nodes.ACCUMULATE_GRAD]
+    return [leaf for leaf in map(tracer.leaf_tensor, accumulators) if leaf is not None]
 
 
 def _by_group(instances: Sequence[GroupInstance]) -> dict[str, list[GroupInstance]]:
