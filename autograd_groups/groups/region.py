@@ -74,7 +74,7 @@ class Region:
         """How many compiled graphs the group's caches hold."""
         return sum(compat.compiled_entries(code) for code in self._codes)
 
-    def declines(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    def declines(self) -> str | None:
         """Why this call must run eagerly, or None to run it compiled."""
         if compat.peek_interpreter_stack() is not None:
             return "torch.func transform"
@@ -95,7 +95,7 @@ class Region:
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], eager: Callable[[], Any]) -> Any:
         """Run the call compiled, or ``eager()``, the eager group's call, for the reason
         :meth:`declines` gives."""
-        reason = self.declines(args, kwargs)
+        reason = self.declines()
         if reason is not None:
             counters.count_region_call(self.name, reason)
             return eager()
@@ -162,9 +162,10 @@ class Region:
     def _ran_eagerly(self) -> Any:
         # Dynamo ran the entry without compiling it: only the budget's stance makes it do that.
         self._local.ran_eagerly = True
-        self._full = self.compiles >= self._budget  # torch._dynamo.reset() empties the cache
+        compiles = self.compiles
+        self._full = compiles >= self._budget  # torch._dynamo.reset() empties the cache
         counters.count_region_call(self.name, "recompile budget spent")
-        self._warn("budget", f"runs eagerly at calls that would compile it again: it has {self.compiles} "
+        self._warn("budget", f"runs eagerly at calls that would compile it again: it has {compiles} "
                              f"compiled graphs, its recompile budget (compile={{'budget': N}} raises it, up "
                              f"to Dynamo's recompile_limit)")
         return self._local.eager()

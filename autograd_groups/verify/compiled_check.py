@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..errors import internal_error
 from ..groups.group import autograd_group
 from ..observe import anomaly, counters, tracer
 from ..observe.recording import Call
@@ -33,7 +34,7 @@ def compiled_row(call: Call, instance: str, where: str, order: int) -> Row:
                       "compile=True group are the eager group's (under torch.func it runs eagerly)")
         return row
     if call.compile is None:
-        raise ValueError(f"compiled_row: the call of {call.group!r} was not of a compile=True group")
+        raise internal_error(f"compiled_row: the call of {call.group!r} was not of a compile=True group")
     eager = autograd_group(call.group)(call.fn)
     compiled = autograd_group(call.group, compile=call.compile)(call.fn)
     # Unobserved: a trace session or detect_nonfinite() would make the compiled group run eagerly.
