@@ -293,7 +293,9 @@ def test_a_fresh_thread_obeys_the_flag_in_a_function_compiled_there():
         thread.start()
         thread.join()
     assert torch.isfinite(seen[0]).all()
-    assert seen[1].isnan().any()  # the plain composite's gradient at the zero row
+    plain = grads(grouped.__wrapped__, x)[0]
+    # Off: the plain composite's gradient, as the running release gives it.
+    torch.testing.assert_close(seen[1], plain, equal_nan=True)
 
 
 def test_a_rule_registered_after_compiling_applies_at_the_next_call():
