@@ -98,8 +98,6 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     return [all_finite(floating(group)) for group in groups]
 
 
-
-
 def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:
     """The leaves reachable from the autograd nodes ``roots`` (the tensors their accumulators write
     into), and the other nodes reached.
