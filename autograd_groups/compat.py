@@ -14,13 +14,14 @@ treats saved values, so the library never imports it for a user who does not com
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib
 import inspect
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +35,9 @@ __all__ = [
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
     "input_metadata", "is_batchedtensor", "nested_compile_region",
-    "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing", "maybe_get_bdim",
+    "in_torch_func_jvp", "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing",
+    "legacy_vmap_suspended",
+    "maybe_get_bdim",
     "maybe_get_level", "node_sequence_nr", "nonstrict_trace", "op_schema", "peek_interpreter_stack",
     "pop_saved_tensors_hooks", "recompile_limit",
     "push_saved_tensors_hooks", "retrieve_all_functorch_interpreters", "saved_attribute",
@@ -120,6 +123,47 @@ retrieve_all_functorch_interpreters: Callable[[], list[Any]] = find(
     _pyfunctorch, "retrieve_all_functorch_interpreters", _FUNC)
 temporarily_clear_interpreter_stack: Callable[[], Any] = find(
     _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
+
+def in_torch_func_jvp() -> bool:
+    """Whether a ``torch.func`` jvp transform is open (its dual level is then torch.func's own, and
+    another jvp may nest in it), read from functorch's count of them; False where a release keeps
+    no such count.
+
+    >>> in_torch_func_jvp()
+    False
+    """
+    return bool(getattr(_transforms, "JVP_NESTING", 0))
+
+
+# torch.autograd.functional's vectorized Jacobians run in the older vmap mode, which refuses random
+# ops (a check's random vectors) for as long as it is on.
+_LEGACY_VMAP = "a check inside torch.autograd.functional with vectorize=True"
+_vmapmode_decrement: Callable[[], int] = find(torch._C, "_vmapmode_decrement_nesting", _LEGACY_VMAP)
+_vmapmode_increment: Callable[[], int] = find(torch._C, "_vmapmode_increment_nesting", _LEGACY_VMAP)
+
+
+@contextlib.contextmanager
+def legacy_vmap_suspended() -> Iterator[None]:
+    """Run the block outside the older vmap mode (``torch._vmap_internals``), however deep it is.
+
+    >>> from torch._vmap_internals import _vmap
+    >>> def noisy(x):
+    ...     with legacy_vmap_suspended():
+    ...         noise = torch.rand(1)
+    ...     return x + 0 * noise
+    >>> _vmap(noisy)(torch.ones(2, 1)).shape
+    torch.Size([2, 1])
+    """
+    depth = 0
+    # Its level reads only by changing it: step down to -1 (a no-op on the dispatch keys from 0).
+    while _vmapmode_decrement() >= 0:
+        depth += 1
+    _vmapmode_increment()
+    try:
+        yield
+    finally:
+        for _ in range(depth):
+            _vmapmode_increment()
 
 # torch.func.grad's own backward, told apart from Python's frames (levels.py): functorch's
 # grad_and_value_impl calls its _autograd_grad, which calls torch.autograd.grad.

@@ -22,6 +22,7 @@ import torch.autograd.forward_ad as forward_ad
 
 from .compat import (
     TransformType,
+    dual_level,
     get_unwrapped,
     grad_transform_codes,
     is_batchedtensor,
@@ -183,6 +184,27 @@ def outside_transforms() -> Iterator[None]:
         return
     with temporarily_clear_interpreter_stack():
         yield
+
+
+def forward_mode_around(inner: bool = False) -> bool:
+    """Whether a forward-mode level (a ``torch.func`` jvp transform, a ``forward_ad`` dual level)
+    will differentiate what this thread computes now; but the innermost jvp transform, whose jvp
+    is running, where ``inner``.
+
+    >>> import torch
+    >>> found = []
+    >>> one = (torch.ones(1),)
+    >>> _ = torch.func.jvp(lambda x: found.append(forward_mode_around()) or x, one, one)
+    >>> found, forward_mode_around()
+    ([True], False)
+    """
+    if not inner and dual_level() >= 0:  # torch.func's jvp opens a dual level too
+        return True
+    top = peek_interpreter_stack()
+    if top is None:
+        return False
+    jvps = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    return jvps > (1 if inner and top.key() == TransformType.Jvp else 0)
 
 
 def nested_derivatives() -> bool:

@@ -49,15 +49,17 @@ class Verdict:
     origin: str = ""
 
 
-#: ``(instance, rule, index) -> Verdict``: the check (verify/site_check.py), once installed;
-#: ``index`` is the rule site's member (``SiteHook.index``).
-Checker = Callable[[GroupInstance, Any, "int | None"], Verdict]
+#: ``(instance, rule, index, forward) -> Verdict``: the check (verify/site_check.py), once installed;
+#: ``index`` is the rule site's member (``SiteHook.index``); ``forward``: the second derivative is
+#: taken in forward mode over the backward (``jacfwd(jacrev)``, ``jvp`` of ``grad``).
+Checker = Callable[[GroupInstance, Any, "int | None", bool], Verdict]
 _checker: Checker | None = None
 #: Per group, call site, rule (by identity: a rule registered again is checked again), rule site,
-#: arguments that require grad and the differentiated function around it (its code, where it is
-#: known), the rule (which keeps its id from being reused) and the verdict.
-_verdicts: dict[tuple[str, tuple[str, int], int, int | None, tuple[int | str, ...], types.CodeType | None],
-                tuple[Any, Verdict]] = {}
+#: arguments that require grad, the differentiated function around it (its code, where it is
+#: known) and whether forward mode takes the second derivative: the rule (which keeps its id from
+#: being reused) and the verdict.
+_Key = tuple[str, tuple[str, int], int, int | None, tuple[int | str, ...], types.CodeType | None, bool]
+_verdicts: dict[_Key, tuple[Any, Verdict]] = {}
 #: Per call site and rule, the backward pass (graph task) that last told of it.
 _told: dict[tuple[str, tuple[str, int], int], int] = {}
 #: Per file, the registry that ``warnings`` keeps of what it has shown at each line there.
@@ -216,10 +218,14 @@ def tell(instance: GroupInstance, op: str, rule: Subgradient | NanSafe, masks: l
     if not elements:
         return
     site = (instance.name, instance.site, id(rule))
-    key = (*site, index, _differentiable(instance.call), _code(instance.outer))
+    # Forward mode over the backward meets each op's forward formula where reverse mode meets its
+    # double backward: NaN in one need not be NaN in the other (torch.sinc's at 0), so each is
+    # checked as it is taken.
+    forward = levels.forward_mode_around()
+    key = (*site, index, _differentiable(instance.call), _code(instance.outer), forward)
     found = _verdicts.get(key)
     if found is None:
-        found = _verdicts[key] = (rule, _check(instance, rule, index))
+        found = _verdicts[key] = (rule, _check(instance, rule, index, forward))
     verdict = found[1]
     if verdict.status == "consistent":
         return
@@ -249,14 +255,14 @@ def _code(call: Call | None) -> types.CodeType | None:
     return getattr(fn, "__code__", None)
 
 
-def _check(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None) -> Verdict:
+def _check(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None, forward: bool) -> Verdict:
     if instance.call is None:
         return Verdict("not checked", "a `with` block or tag() cannot be run again on its own inputs")
     if _checker is None:
         return Verdict("not checked", "ag.verify's check is not installed (import autograd_groups)")
     with untold():
         try:
-            return _checker(instance, rule, index)
+            return _checker(instance, rule, index, forward)
         except Exception as e:  # the user's function, re-run: whatever it raises, the warning says
             return Verdict("not checked", f"running the group again on float64 copies of its inputs "
                                           f"raised {e!r}")

@@ -55,6 +55,7 @@ from ..compat import (
 )
 from ..compat import add_batch_dim as _add_batch_dim
 from ..errors import GroupError
+from ..levels import forward_mode_around
 from ..observe import counters
 from ..rules.kinds import Override, OverrideContext
 from . import overriding
@@ -362,19 +363,6 @@ def _primal(t: torch.Tensor) -> torch.Tensor:
     return forward_ad.unpack_dual(t).primal
 
 
-def _forward_mode_around(inner: bool = False) -> bool:
-    """Whether a forward-mode level (a ``torch.func`` jvp transform, a ``forward_ad`` dual level)
-    will differentiate what this thread computes now; but the innermost jvp transform, whose jvp
-    is running, where ``inner``."""
-    if not inner and dual_level() >= 0:  # torch.func's jvp opens a dual level too
-        return True
-    top = peek_interpreter_stack()
-    if top is None:
-        return False
-    levels = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
-    return levels > (1 if inner and top.key() == TransformType.Jvp else 0)
-
-
 class _Transposed(torch.autograd.Function):
     """An op -- a group, or a derivative of one -- whose forward gives its values, whose vjp is the
     group's with rules, and whose jvp is the transpose of that vjp."""
@@ -422,7 +410,7 @@ class _Transposed(torch.autograd.Function):
         with set_fwd_grad_enabled(True), _inside(transposing=True):
             primals = tuple(_primal(x) for x in ctx.saved_tensors)
             units = tuple(torch.ones_like(t) for t in ctx.outputs)
-            return _derivative(call, tangent, (*primals, *tangents, *units), _forward_mode_around(inner=True))
+            return _derivative(call, tangent, (*primals, *tangents, *units), forward_mode_around(inner=True))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
@@ -436,7 +424,7 @@ class _Transposed(torch.autograd.Function):
                          if differentiable(x))
 
         with _inside():
-            found = iter(_derivative(call, gradients, (*inputs, *cotangents), _forward_mode_around()))
+            found = iter(_derivative(call, gradients, (*inputs, *cotangents), forward_mode_around()))
         return (None, *(next(found) if differentiable(x) else None for x in inputs))
 
 

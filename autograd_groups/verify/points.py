@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 
-from .. import flag
+from .. import compat, flag
 from ..errors import GroupError
 from ..instance import GroupInstance
 from ..observe import tracer
@@ -152,9 +153,11 @@ class AtPoint:
 class Probe:
     """The derivatives of one point, for one fixed random projection."""
 
-    def __init__(self, point: Point, order: int) -> None:
+    def __init__(self, point: Point, order: int, forward: bool = False) -> None:
         self.point = point
         self.order = order
+        #: Take the rules' Hessian-vector product at the point by forward mode over the backward.
+        self.forward = forward
         self.generator: torch.Generator = generator()
         self.projections: list[torch.Tensor] | None = None
         self.vector: torch.Tensor = torch.cat(
@@ -214,6 +217,23 @@ class Probe:
                                       allow_unused=True)
         return first.detach(), self._flat(product).detach()
 
+    def _forward_over_reverse(self) -> torch.Tensor:
+        """The rules' Hessian-vector product as ``jacfwd(jacrev)`` or ``jvp`` of ``grad`` takes it,
+        along the probe's vector: ``torch.func.jvp`` of ``torch.func.grad``, or inside a
+        ``forward_ad`` dual level of the user's (``torch.autograd.functional``'s forward mode), where
+        no second one can open, the backward of inputs that carry the vector as their tangent."""
+        xs = tuple(x.detach() for x in self.point.inputs)
+        tangents = tuple(t.reshape(x.shape) for t, x in zip(self.vector.split([x.numel() for x in xs]), xs))
+        if compat.dual_level() < 0 or compat.in_torch_func_jvp():
+            gradient = torch.func.grad(lambda *ys: self._run(list(ys))[0], argnums=tuple(range(len(xs))))
+            return self._flat(torch.func.jvp(gradient, xs, tangents)[1]).detach()
+        leaves = [x.clone().requires_grad_() for x in xs]
+        projected, _ = self._run([forward_ad.make_dual(x, t) for x, t in zip(leaves, tangents)])
+        if not projected.requires_grad:
+            return self._flat([None] * len(xs))
+        grads = torch.autograd.grad(projected, leaves, create_graph=True, allow_unused=True)
+        return self._flat([None if g is None else forward_ad.unpack_dual(g).tangent for g in grads]).detach()
+
     def _leaves(self, offset: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         with torch.no_grad():
             xs = ([x.clone() for x in self.point.inputs] if offset is None
@@ -232,6 +252,9 @@ class Probe:
             recorder.release()
             raise
         recorder.stop()
+        if self.order == 2 and self.forward:
+            with flag.restored(flag.FlagState(True)):
+                value = self._forward_over_reverse()
 
         def reach(runs: list[RuleRun]) -> torch.Tensor:
             handles = [run.node.register_hook(_poison(run)) for run in runs]

@@ -35,7 +35,7 @@ def unobserved() -> Iterator[None]:
     """Run a group again for a check: no trace session, count, non-finite check or saved-tensor
     hook of the user's (``save_on_cpu``, a checkpoint's) sees it."""
     with tracer.hidden(), anomaly.paused(), counters.kept(), levels.outside_transforms(), \
-            _without_saved_tensor_hooks(), torch.enable_grad():
+            compat.legacy_vmap_suspended(), _without_saved_tensor_hooks(), torch.enable_grad():
         yield
 
 
@@ -52,9 +52,11 @@ def _without_saved_tensor_hooks() -> Iterator[None]:
             compat.push_saved_tensors_hooks(pack, unpack)
 
 
-def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None = None) -> Verdict:
+def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None = None,
+               forward: bool = False) -> Verdict:
     """Whether the second derivative ``rule`` gives at ``instance``'s call is the function's there:
-    at the elements its rule site at member ``index`` reaches (None: at all its rule sites).
+    at the elements its rule site at member ``index`` reaches (None: at all its rule sites), taken
+    by reverse mode over the backward, or by forward mode where ``forward``.
 
     >>> import torch, autograd_groups as ag
     >>> with ag.registry_scope():
@@ -65,12 +67,12 @@ def check_site(instance: GroupInstance, rule: Subgradient | NanSafe, index: int 
     ...     check_site(t.instances[0], t.instances[0].rules.nan_safe).status
     'consistent'
     """
-    own = _second_order(_checked(instance, rule, index, 2), "")
+    own = _second_order(_checked(instance, rule, index, 2, forward), "")
     if own.status != NOT_CHECKED or instance.outer is None:
         return own
     # The group's own inputs cannot decide (a kink whose second derivative diverges, which a smooth
     # function around it may cancel): the function that the transform differentiates can.
-    found = _through(instance, rule, index)
+    found = _through(instance, rule, index, forward)
     if found is None:
         return own
     row, where = found
@@ -97,8 +99,8 @@ def _second_order(row: Row | Verdict, through: str) -> Verdict:
     return Verdict(NOT_CHECKED, row.reason)
 
 
-def _through(instance: GroupInstance, rule: Subgradient | NanSafe,
-             index: int | None) -> tuple[Row | Verdict, str] | None:
+def _through(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None,
+             forward: bool) -> tuple[Row | Verdict, str] | None:
     """``ag.verify``'s row at order 2 for ``rule`` through the function around ``instance`` that a
     transform differentiates, at its arguments, and that function's name and place; None where it
     cannot be run, or where its run does not call the group again at the same line on the same
@@ -120,7 +122,7 @@ def _through(instance: GroupInstance, rule: Subgradient | NanSafe,
             return None
         fired = verify.Fired(again, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
                              instance.where, index)
-        return verify.check_point(point, [fired], 2, by_id=True)[0], where
+        return verify.check_point(point, [fired], 2, by_id=True, forward=forward)[0], where
 
 
 def _again(point: Point, instance: GroupInstance) -> GroupInstance | None:
@@ -185,7 +187,7 @@ def check_first_order(instance: GroupInstance, rule: Subgradient | NanSafe,
 
 
 def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | None,
-             order: int) -> Row | Verdict:
+             order: int, forward: bool = False) -> Row | Verdict:
     """``ag.verify``'s row for ``rule`` at ``instance``'s own call, at ``order``; a verdict where
     there is nothing to check."""
     if instance.call is None:
@@ -207,7 +209,7 @@ def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | 
             return Verdict(CONSISTENT)
         fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
                              instance.where, index)
-        return verify.check_point(point, [fired], order, by_id=False)[0]
+        return verify.check_point(point, [fired], order, by_id=False, forward=forward)[0]
 
 
 def _range(low: float | None, high: float | None) -> str:

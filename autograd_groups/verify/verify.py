@@ -276,10 +276,12 @@ def _summary(name: str, where: str, rule: Rule, order: int, reason: str) -> Row:
                reason=reason)
 
 
-def check_point(point: Point, fired: list[Fired], order: int, by_id: bool) -> list[Row]:
+def check_point(point: Point, fired: list[Fired], order: int, by_id: bool,
+                forward: bool = False) -> list[Row]:
     """Rows for ``fired`` at ``point``: the recorded instances are found again in the point's run
-    as its first instance (a decorator group's own call), or ``by_id`` (``fn`` as a whole)."""
-    probe = Probe(point, order)
+    as its first instance (a decorator group's own call), or ``by_id`` (``fn`` as a whole).
+    ``forward``: the rules' Hessian-vector product is taken by forward mode over the backward."""
+    probe = Probe(point, order, forward)
     try:
         at = probe.at_point()
     except Exception as e:  # the user's function: whatever it raises, the report says so
