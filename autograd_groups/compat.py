@@ -34,7 +34,7 @@ __all__ = [
     "compiled_autograd_may_run", "compiled_entries", "graphs_compiled",
     "current_autograd_node", "current_graph_task_id", "disable_dynamo", "dual_level", "dynamo_imported",
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
-    "input_metadata", "is_batchedtensor", "nested_compile_region",
+    "input_metadata", "is_batchedtensor",
     "in_torch_func_jvp", "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing",
     "legacy_vmap_suspended",
     "maybe_get_bdim",
@@ -466,20 +466,6 @@ def compile_refusal() -> type[Exception]:
 
     refusal: type[Exception] = find(torch._dynamo.exc, "TorchDynamoException", "a compiled group's fallback")
     return refusal
-
-
-def nested_compile_region() -> Callable[[Callable[..., Any]], Callable[..., Any]] | None:
-    """``torch.compiler.nested_compile_region`` where it can hold a group's opaque call: from
-    torch 2.13 (2.11's Dynamo fails on the call's argument spec inside it, "get_attr with
-    TreeSpec"; 2.12 is not tested). None elsewhere: an outer compile then inlines the group.
-
-    >>> nested_compile_region() is None or callable(nested_compile_region())
-    True
-    """
-    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-    mark: Callable[[Callable[..., Any]], Callable[..., Any]] | None = getattr(
-        torch.compiler, "nested_compile_region", None)
-    return mark if release >= (2, 13) else None
 
 
 def _disable_when_called(fn: Callable[..., Any]) -> Callable[..., Any]:

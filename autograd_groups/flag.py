@@ -36,7 +36,11 @@ class FlagState:
     """The flag's value: a default plus per-group exceptions.
 
     ``key`` is the same value as a tuple of constants: what torch.compile guards on and passes into
-    a compiled graph (see :mod:`autograd_groups.groups.compiled`).
+    a compiled graph (see :mod:`autograd_groups.groups.compiled`). A group's setting equal to the
+    default is left out of it: the same state, the same key.
+
+    >>> FlagState(True, {"norm": True}).key == FlagState().key
+    True
     """
 
     default: bool = True
@@ -44,7 +48,8 @@ class FlagState:
     key: tuple[bool, tuple[tuple[str, bool], ...]] = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", (self.default, tuple(sorted(self.groups.items()))))
+        object.__setattr__(self, "key", (self.default, tuple(sorted(
+            (name, on) for name, on in self.groups.items() if on != self.default))))
 
     @classmethod
     def from_key(cls, key: tuple[bool, tuple[tuple[str, bool], ...]]) -> FlagState:

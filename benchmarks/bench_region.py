@@ -12,8 +12,8 @@ groups with zeros in the batch (1/8 of the rotation vectors, 1/8 of the probabil
   static graph, as a training run with a fixed batch compiles it);
 - a model calling one Rodrigues group 6 times inside an outer ``torch.compile``: the compile time
   (a fresh interpreter each, inductor's caches off) and the run time, with the group declared
-  ``compile=True`` (one region, compiled once and reused) against the same group without it
-  (its body inlined 6 times);
+  ``compile=True`` against the same group without it (both inlined at each of the 6 calls: what
+  an outer compile does with a ``compile=True`` group);
 - a tiny 3-op ``compile=True`` group, ``sqrt(sum(x * x))`` on (4, 3), per call against a plain
   ``torch.compile`` of the same body;
 - the bytes each saves for backward (distinct storages), against the hand-written eager code:

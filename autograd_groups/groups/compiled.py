@@ -40,10 +40,9 @@ def watched() -> bool:
 
 
 def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: Callable[..., Any],
-                args: tuple[Any, ...], kwargs: dict[str, Any],
-                reused: Callable[..., Any] | None = None) -> Any:
-    """Call a decorated group's function from the graph Dynamo is tracing: as one opaque call
-    (inside ``reused``, a region compiled once for every call, where given); as its ``plain`` ops
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call a decorated group's function from the graph Dynamo is tracing: as one opaque call; as
+    its ``plain`` ops
     where it has nothing to do, or under a strict ``torch.export``, which can carry no rule (an
     error if it has rules); or, where its override's check cannot be traced, eagerly (``eager``,
     which Dynamo does not trace: one graph break)."""
@@ -56,7 +55,7 @@ def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: 
         # A graph break that says why: under fullgraph=True it is the error the user sees.
         compat.graph_break(untraceable_check(name))
         return eager(*args, **kwargs)
-    return enter(in_graph, args, kwargs) if reused is None else reused(*args, **kwargs)
+    return enter(in_graph, args, kwargs)
 
 
 def untraceable_check(name: str) -> str:

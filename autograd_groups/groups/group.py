@@ -235,15 +235,11 @@ class autograd_group:
         declared = self._compile
         # The regions of this function, by the options (the decorator's, or a spec's ``compile:``).
         regions: dict[int, tuple[dict[str, Any], region.Region]] = {}
-        # Inside an outer torch.compile, a compiled group's opaque call is compiled once and reused.
-        reused = region.reused(opaque)
-
         @functools.wraps(fn)
         def grouped(*args: Any, **kwargs: Any) -> Any:
             options = declared if declared is not None else compile_options.declared(name)
             if torch.compiler.is_dynamo_compiling():
-                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs,
-                                            None if options is None else reused)
+                return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             if options is not None:
                 where = caller(2)
                 found = regions.get(id(options))

@@ -115,7 +115,9 @@ class Region:
                 # The flag's setting and the registry's generation are arguments: Dynamo guards on
                 # their values, one graph per setting, and a changed registry compiles once more.
                 if state.for_group(self.name) and has_rules(self.name):
-                    out = with_rules(state.key, generation(), *args, **kwargs)
+                    # A str, which Dynamo guards by value: an int that changes is made dynamic
+                    # after its second value, and the graph would serve every later registry.
+                    out = with_rules(_relevant(state.key), str(generation()), *args, **kwargs)
                 else:
                     out = plain(*args, **kwargs)
         except compat.compile_refusal() as error:
@@ -141,9 +143,10 @@ class Region:
         opaque = compat.nonstrict_trace(self._in_graph)
         plain = self._plain
 
-        def with_rules(flag_key: tuple[Any, ...], generation: int, *args: Any, **kwargs: Any) -> Any:
+        # Positional-only, so that the group's own keyword arguments may have any name.
+        def with_rules(flag_key: tuple[Any, ...], generation: str, /, *args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_dynamo_compiling():
-                return opaque(flag_key, generation, False, args, kwargs)
+                return opaque(flag_key, int(generation), False, args, kwargs)
             return self._ran_eagerly()
 
         def without(*args: Any, **kwargs: Any) -> Any:
@@ -181,6 +184,13 @@ class Region:
             RegionWarning, file, line)
 
 
+def _relevant(key: tuple[bool, tuple[tuple[str, bool], ...]]) -> tuple[bool, tuple[tuple[str, bool], ...]]:
+    """The flag's ``key`` without the settings of groups that have no rules, which nothing in a
+    compiled graph reads: a setting for such a name compiles no graph of its own."""
+    default, groups = key
+    return default, tuple((name, on) for name, on in groups if has_rules(name))
+
+
 @contextlib.contextmanager
 def _saved_bytes(storages: dict[int, int]) -> Iterator[None]:
     """Count into ``storages`` (by address) the bytes of the storages saved for backward in the block."""
@@ -193,12 +203,3 @@ def _saved_bytes(storages: dict[int, int]) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield
-
-
-def reused(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` as a region that an outer ``torch.compile`` compiles once and calls at every call
-    (``torch.compiler.nested_compile_region``); outside one, ``fn`` itself. Where the running
-    release cannot hold a group's opaque call in one, the outer compile inlines ``fn`` at each call,
-    with the same results."""
-    mark = compat.nested_compile_region()
-    return fn if mark is None else mark(fn)
