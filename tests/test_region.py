@@ -381,6 +381,10 @@ def test_inductor_by_default() -> None:
     ({"backnd": "eager"}, r"group 'g': compile= has no option 'backnd': the options are backend, mode, "
                           r"dynamic, options, budget"),
     ({"budget": 0}, r"group 'g': compile= has budget 0: the budget is a number of compiled graphs"),
+    ({"mode": "bogus"}, r"group 'g': compile= has mode 'bogus': torch.compile's modes are 'default', "),
+    ({"dynamic": "maybe"}, r"group 'g': compile= has dynamic 'maybe': give True, False or None"),
+    ({"options": 5}, r"group 'g': compile= has options 5: give a mapping of inductor's settings"),
+    ({"mode": "default", "options": {}}, r"group 'g': compile= has both mode and options"),
     ("yes", r"group 'g': compile= is 'yes': give True, False, or a mapping of the options"),
 ])
 def test_bad_options_are_refused_by_name(compile: object, message: str) -> None:
@@ -417,12 +421,26 @@ def test_a_spec_compiles_the_functions_of_its_group_while_it_is_loaded() -> None
     assert region_calls("region.spec")["compiled_calls"] == 1
 
 
+def test_a_decorator_s_own_compile_false_wins_over_a_spec() -> None:
+    @ag.autograd_group("region.spec", compile=False)
+    def grouped(v: torch.Tensor) -> torch.Tensor:
+        return length(v)
+
+    x = torch.tensor(CASES["subgradient"][3], dtype=torch.float64)
+    ag.reset_stats()
+    with ag.registry_scope(), ag.load_spec(SPEC):
+        torch.testing.assert_close(grad_of(grouped, x), grad_of(CASES["subgradient"][2], x))
+    assert "region" not in ag.stats()["region.spec"]
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ("{backnd: eager}", "'compile' has no option 'backnd': the options are backend, mode, dynamic, options, "
                         "budget"),
     ("{budget: -1}", "'compile' has budget -1: the budget is a number of compiled graphs, an int of 1 or "
                      "more"),
     ("[1, 2]", "'compile' is a list"),
+    ("{mode: 3}", "'compile' has mode 3: torch.compile's modes are 'default', 'reduce-overhead', "
+                  "'max-autotune', 'max-autotune-no-cudagraphs'"),
 ])
 def test_a_specs_compile_is_checked(value: str, message: str) -> None:
     spec = f"- name: g(Tensor v) -> Tensor\n  compile: {value}\n  special_cases: [nan_safe: true]\n"
@@ -457,3 +475,24 @@ def test_verify_checks_the_compiled_region_against_the_eager_group(backend: obje
         assert row.status == "inconsistent" and report.ok is False
         assert "its compiled region's gradient differs from the eager group's" in row.reason
         assert row.difference is not None and row.difference > row.tolerance  # type: ignore[operator]
+
+
+def test_stats_keep_the_user_s_region_through_verify_and_count_every_function_of_the_group() -> None:
+    def shifted(v: torch.Tensor) -> torch.Tensor:
+        return length(v) + v
+
+    with length_group("region.stats", AOT) as grouped:
+        ag.reset_stats()
+        for dtype in (torch.float32, torch.float64):
+            grad_of(grouped, torch.tensor(CASES["subgradient"][3], dtype=dtype))
+        before = region_calls("region.stats")
+        assert before["compiles"] == 2
+        ag.verify(lambda v: grouped(v).sum(), torch.zeros(1, 3, dtype=torch.float64))
+        after = region_calls("region.stats")
+        # verify's own compiled region is not the group's in stats; its runs of the user's
+        # function at nearby points may compile the user's region once more.
+        assert after["compiled_calls"] == before["compiled_calls"]
+        assert after["compiles"] >= before["compiles"]
+        other = ag.autograd_group("region.stats", compile=AOT)(shifted)
+        grad_of(other, torch.ones(1, 3))
+        assert region_calls("region.stats")["compiles"] == after["compiles"] + 1

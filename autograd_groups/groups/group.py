@@ -160,10 +160,12 @@ class autograd_group:
     tensor([0., 0., 0.])
     """
 
-    def __init__(self, name: str, compile: bool | Mapping[str, Any] = False) -> None:
+    def __init__(self, name: str, compile: bool | Mapping[str, Any] | None = None) -> None:
         if not isinstance(name, str) or not name:
             raise GroupError(f"a group name must be a non-empty string, not {name!r}")
         self._compile = compile_options.options_of(name, compile)
+        # Said, even as False, the decorator's compile= wins over a loaded spec's `compile:`.
+        self._compile_said = compile is not None
         if not torch.compiler.is_dynamo_compiling():  # a set Dynamo need not trace into the graph
             registry.declare(name)
         self.name = name
@@ -232,12 +234,12 @@ class autograd_group:
         def opaque(*args: Any, **kwargs: Any) -> Any:
             return compiled.enter(in_graph, args, kwargs)
 
-        declared = self._compile
+        declared, said = self._compile, self._compile_said
         # The regions of this function, by the options (the decorator's, or a spec's ``compile:``).
         regions: dict[int, tuple[dict[str, Any], region.Region]] = {}
         @functools.wraps(fn)
         def grouped(*args: Any, **kwargs: Any) -> Any:
-            options = declared if declared is not None else compile_options.declared(name)
+            options = declared if said else compile_options.declared(name)
             if torch.compiler.is_dynamo_compiling():
                 return compiled.enter_group(name, in_graph, eager, fn, args, kwargs)
             if options is not None:

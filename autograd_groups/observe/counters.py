@@ -161,16 +161,16 @@ class Region(Protocol):
     saved_bytes: int | None
 
 
-#: Per group compiled as its own region: the region, and its calls by how they ran (``"compiled"``,
-#: or why eagerly).
-_regions: dict[str, Region] = {}
+#: Per group compiled as its own region: its regions (one per function declared under its name), and
+#: its calls by how they ran (``"compiled"``, or why eagerly).
+_regions: dict[str, list[Region]] = {}
 _region_calls: dict[str, dict[str, int]] = {}
 
 
 def add_region(name: str, region: Region) -> None:
     """Report the calls of ``region``, group ``name`` compiled as its own region, in :func:`stats`."""
     with _lock:
-        _regions[name] = region
+        _regions.setdefault(name, []).append(region)
 
 
 def count_region_call(name: str, how: str) -> None:
@@ -184,9 +184,11 @@ def count_region_call(name: str, how: str) -> None:
 def _region(name: str) -> dict[str, Any]:
     calls = dict(_region_calls.get(name, {}))
     compiled = calls.pop("compiled", 0)
-    region = _regions[name]
-    return {"region": {"compiled_calls": compiled, "eager_calls": calls, "compiles": region.compiles,
-                       "saved_bytes": region.saved_bytes}}
+    regions = _regions.get(name, [])
+    saved = [r.saved_bytes for r in regions if r.saved_bytes is not None]
+    return {"region": {"compiled_calls": compiled, "eager_calls": calls,
+                       "compiles": sum(r.compiles for r in regions),
+                       "saved_bytes": sum(saved) if saved else None}}
 
 
 def stats() -> dict[str, dict[str, Any]]:
@@ -198,9 +200,9 @@ def stats() -> dict[str, dict[str, Any]]:
     firings (override) and elements changed (subgradient, nan_safe; counted while traced), the
     calls whose elements could not be counted (``uncounted``: under ``vmap``, a rule's mask is a
     batch), for a group declared ``compile=True`` its ``region`` (``compiled_calls``,
-    ``eager_calls`` by the reason they ran eagerly, ``compiles``: graphs in its cache,
-    ``saved_bytes``: what its compiled region saved for backward, counted at the first call of
-    each new graph), and
+    ``eager_calls`` by the reason they ran eagerly, ``compiles``: graphs in its caches,
+    ``saved_bytes``: what its compiled regions saved for backward, counted at the first call of
+    each new graph; summed over the functions declared under its name), and
     ``sites``: the same counts per line of code (``file:line``) that created its instances.
 
     >>> import autograd_groups as ag
@@ -242,13 +244,15 @@ def kept() -> Iterator[None]:
     """
     with _lock:
         sites, compiled = copy.deepcopy(_sites), compiled_groups.names()
-        regions = copy.deepcopy(_region_calls)
+        regions, calls = {n: list(r) for n, r in _regions.items()}, copy.deepcopy(_region_calls)
     try:
         yield
     finally:
         with _lock:
             _sites.clear()
             _sites.update(sites)
+            _regions.clear()
+            _regions.update(regions)
             _region_calls.clear()
-            _region_calls.update(regions)
+            _region_calls.update(calls)
             compiled_groups.reset(compiled)

@@ -12,6 +12,8 @@ from ..errors import GroupError
 #: The options passed on to ``torch.compile``, and the group's own budget.
 TORCH_OPTIONS = ("backend", "mode", "dynamic", "options")
 OPTIONS = (*TORCH_OPTIONS, "budget")
+#: ``torch.compile``'s modes.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: Compiled graphs a group may keep (flag settings, dtypes, shapes, grad modes), at most Dynamo's
 #: own limit per code object, past which Dynamo would raise under ``fullgraph=True``.
 BUDGET = 8
@@ -36,17 +38,29 @@ def problem(value: object) -> str | None:
     budget = value.get("budget", BUDGET)
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
         return f"has budget {budget!r}: the budget is a number of compiled graphs, an int of 1 or more"
+    mode, dynamic, options = (value.get(k) for k in ("mode", "dynamic", "options"))
+    if mode is not None and mode not in MODES:
+        return f"has mode {mode!r}: torch.compile's modes are {', '.join(map(repr, MODES))}"
+    if dynamic is not None and not isinstance(dynamic, bool):
+        return f"has dynamic {dynamic!r}: give True, False or None"
+    if options is not None and not isinstance(options, Mapping):
+        return f"has options {options!r}: give a mapping of inductor's settings"
+    if mode is not None and options is not None:
+        return "has both mode and options: torch.compile takes one or the other"
     return None
 
 
-def options_of(name: str, compile: bool | Mapping[str, Any]) -> dict[str, Any] | None:
-    """The options of group ``name`` declared with ``compile=``, or None for an eager group.
+def options_of(name: str, compile: bool | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The options of group ``name`` declared with ``compile=``, or None for an eager group (None:
+    ``compile=`` not given).
 
     >>> options_of("g", {"backend": "aot_eager"})
     {'backend': 'aot_eager'}
     >>> options_of("g", False) is None
     True
     """
+    if compile is None:
+        return None
     found = problem(compile)
     if found is not None:
         raise GroupError(f"group {name!r}: compile= {found} (documentation: 'Compiled groups')")
