@@ -135,6 +135,28 @@ def test_a_backward_through_its_gradient_is_the_eager_groups() -> None:
     torch.testing.assert_close(hessian, torch.func.hessian(lambda v: eager(v).sum())(rows()[1]))
 
 
+def test_with_inductor_a_dynamic_graph_is_differentiated_twice_and_kept_for_a_second_backward() -> None:
+    """At a second batch size the graph has a dynamic batch dimension; inductor's backward of it
+    takes create_graph=True and retain_graph=True (aot_eager's refuses both, as PyTorch does for a
+    plain torch.compile with it)."""
+    default = ag.autograd_group("modes.inductor", compile=True)(length)
+    weights = torch.tensor([1.0, 2.0, 3.0])
+    with ag.registry_scope():
+        ag.register_rule("modes.inductor", RULE)
+        for batch in (2, 3):
+            found = []
+            for fn in (default, eager):
+                x = torch.zeros(batch, 3)
+                x[1:] = torch.arange(3 * (batch - 1), dtype=torch.float32).reshape(batch - 1, 3) + 1
+                x.requires_grad_()
+                out = (fn(x) * weights).sum()
+                (grad,) = torch.autograd.grad(out, x, create_graph=True, retain_graph=True)
+                grad.pow(2).sum().backward(retain_graph=True)
+                out.backward()
+                found.append(x.grad)
+            torch.testing.assert_close(found[0], found[1])
+
+
 def test_a_list_of_tensors_as_argument_is_differentiated_again_eagerly_too() -> None:
     @ag.autograd_group("modes.listed", compile={"backend": "aot_eager"})
     def scaled(vs: list[torch.Tensor]) -> torch.Tensor:

@@ -123,7 +123,10 @@ class Region:
         except compat.compile_refusal() as error:
             # The eager group raises the user's own error, if that is what stopped the compiler.
             out = eager()
-            self.refused = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+            # The backend's own error, where Dynamo wraps it ("backend='...' raised:" and no more).
+            cause = getattr(error, "inner_exception", None) or error
+            said = [line for line in str(cause).splitlines() if line.strip()]
+            self.refused = f"{type(cause).__name__}: {said[0] if said else ''}"
             self._warn("refused", f"runs eagerly from now on: the compiler refused it ({self.refused})")
             counters.count_region_call(self.name, "compile refused")
             return out
