@@ -12,7 +12,8 @@ around see the same ops: the plain ones' backward, and the call's vjp with the r
 A torch function mode sees each call. Which calls make a rule site is read from the nodes the call
 makes: once per function and kind of arguments, the call is run on plain copies of its inputs
 outside every transform, and the ops of the nodes it made are remembered. Where that cannot run,
-the function's name is used (``torch.sqrt`` and ``Tensor.sqrt_`` make ``sqrt``).
+the function's name is used (``torch.sqrt`` and ``Tensor.sqrt_`` make ``sqrt``). An in-place
+call that makes a rule site runs out of place on a copy of its input, and its result is copied in.
 
 Where this cannot run, the group falls back to the transpose of its whole vjp
 (:func:`~autograd_groups.sites.tangents.run`): a group with rules called inside (whose tangents are
@@ -129,6 +130,13 @@ class _Sites(TorchFunctionMode):
                      and (tangents.varies(v) or not tangents.differentiable(v))]
         if not any(tangents.differentiable(flat[i]) for i in positions):
             return func(*args, **kwargs)
+        outside = _out_of_place(func)
+        if outside is not None:
+            # A one-call op cannot change its input in place (``v.sqrt_()``): it runs out of place
+            # on a copy (which it may save for its backward), and the result, with its tangent, is
+            # copied into the input.
+            copied = (args[0].clone(), *args[1:])
+            return args[0].copy_(self.__torch_function__(outside, types, copied, kwargs))
         part = self._part
 
         def ruled(a: tuple[Any, ...], k: dict[str, Any]) -> Any:
@@ -136,6 +144,15 @@ class _Sites(TorchFunctionMode):
 
         call = tangents._Call(self._name, self._where, func, ruled, flat, spec, positions, None, _no_context)
         return tangents._Transposed.apply(call, *(flat[i] for i in positions))
+
+
+def _out_of_place(func: Any) -> Any:
+    """The out-of-place form of an in-place tensor method (``Tensor.sqrt`` for ``Tensor.sqrt_``),
+    or None where ``func`` is not one."""
+    name = getattr(func, "__name__", "")
+    if not name.endswith("_") or name.startswith("_") or getattr(torch.Tensor, name, None) is not func:
+        return None
+    return getattr(torch.Tensor, name[:-1], None)
 
 
 def _no_context(*_: Any) -> Any:
