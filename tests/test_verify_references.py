@@ -159,3 +159,23 @@ def test_a_wrong_acos_rule_at_the_same_rows_is_inconsistent() -> None:
         row = _fired(ag.verify(ag.autograd_group("angle_wrong")(angle), a, b))
     assert (row.status, row.reference) == (INCONSISTENT, LIMITS)
     assert row.index[0] >= 2 and row.rule_value == 0.0
+
+
+def test_a_nan_safe_rule_whose_values_a_zero_factor_takes_says_why_it_is_not_checked() -> None:
+    """A NaN-safe cross-entropy against a masked softmax: the rule's 0 at the masked class meets
+    that class's probability, exactly 0, on the way to the logits."""
+    with ag.registry_scope():
+        ag.register_rule("ref.masked_ce", ag.NanSafe())
+
+        @ag.autograd_group("ref.masked_ce")
+        def masked_ce(z: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return -torch.xlogy(t, torch.softmax(z.masked_fill(mask, float("-inf")), -1)).sum()
+
+        z = torch.tensor([[0.3, -1.0, 2.0, 0.5]], dtype=torch.float64)
+        t = torch.tensor([[0.2, 0.8, 0.0, 0.0]], dtype=torch.float64)
+        mask = torch.tensor([[False, False, False, True]])
+        (row,) = [r for r in ag.verify(masked_ce, z, t, mask).rows if r.instance]
+    assert row.status == "not checked"
+    assert row.reason == ("the elements it changed reach no input gradient: an exact zero factor on the "
+                          "way takes what it set (0 · x = 0), so no value there could change them; "
+                          "without the rules the plain composite's NaN reaches them (e.g. z[0, 0])")

@@ -315,6 +315,12 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
             if bool(at.nan.any()):
                 reason += (f" that is not NaN with the rules on (NaN e.g. at "
                            f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
+            elif bool((at.changed > 0).any()):
+                # The rules changed the input gradient (the plain composite's NaN stopped where it
+                # was made), but no value set there matters: a zero factor on the way takes it.
+                reason += (f": an exact zero factor on the way takes what it set (0 · x = 0), so no "
+                           f"value there could change them; without the rules the plain composite's "
+                           f"NaN reaches them (e.g. {point.element(int(at.changed.nonzero()[0, 0]))[0]})")
             rows.append(_row(f, order, NOT_CHECKED, reason))
         else:
             rows.append(_verdict(f, order, point, at, judge.compare(at.value, reached), reached,
