@@ -124,16 +124,6 @@ retrieve_all_functorch_interpreters: Callable[[], list[Any]] = find(
 temporarily_clear_interpreter_stack: Callable[[], Any] = find(
     _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
 
-def in_torch_func_jvp() -> bool:
-    """Whether a ``torch.func`` jvp transform is open (its dual level is then torch.func's own, and
-    another jvp may nest in it), read from functorch's count of them; False where a release keeps
-    no such count.
-
-    >>> in_torch_func_jvp()
-    False
-    """
-    return bool(getattr(_transforms, "JVP_NESTING", 0))
-
 
 # torch.autograd.functional's vectorized Jacobians run in the older vmap mode, which refuses random
 # ops (a check's random vectors) for as long as it is on.
@@ -165,10 +155,22 @@ def legacy_vmap_suspended() -> Iterator[None]:
         for _ in range(depth):
             _vmapmode_increment()
 
+
 # torch.func.grad's own backward, told apart from Python's frames (levels.py): functorch's
 # grad_and_value_impl calls its _autograd_grad, which calls torch.autograd.grad.
 _GRAD_OWN = "a group with rules under torch.func.grad"
 _transforms = _module("torch._functorch.eager_transforms")
+
+
+def in_torch_func_jvp() -> bool:
+    """Whether a ``torch.func`` jvp transform is open (its dual level is then torch.func's own, and
+    another jvp may nest in it), read from functorch's count of them; False where a release keeps
+    no such count.
+
+    >>> in_torch_func_jvp()
+    False
+    """
+    return bool(getattr(_transforms, "JVP_NESTING", 0))
 
 
 def _grad_codes() -> tuple[types.CodeType, types.CodeType] | None:

@@ -34,15 +34,15 @@ def reachable(roots: Iterable[Any]) -> list[Any]:
     ['ExpBackward0', 'MulBackward0', 'AccumulateGrad']
     """
     found: list[Any] = []
-    seen: set[int] = set()
-    stack = [root for root in roots if root is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
+    seen: set[Any] = {None}
+    edges = [(root, 0) for root in roots]  # as next_functions gives them: (node, input number)
+    while edges:
+        node, _ = edges.pop()
+        if node in seen:
             continue
-        seen.add(id(node))
+        seen.add(node)
         found.append(node)
-        stack.extend(child for child, _ in node.next_functions if child is not None)
+        edges += node.next_functions
     return found
 
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,11 +25,17 @@ def test_without_cuda_it_says_so_and_exits_0() -> None:
                                    "nothing checked.")
 
 
-def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+def _load() -> Any:
+    """benchmarks/gpu_check.py as a module."""
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     assert spec is not None and spec.loader is not None
     gpu_check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_check)
+    return gpu_check
+
+
+def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    gpu_check = _load()
     try:
         assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--scale", "16"]) == 0
     finally:
@@ -55,10 +62,7 @@ def test_the_checks_pass_on_the_cpu(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_nan_safe_table_alone_for_a_short_device_run(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _load()
     assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--scale", "4096", "--only", "nan-safe"]) == 0
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| Rodrigues", "| entropy"))]
@@ -67,10 +71,7 @@ def test_the_nan_safe_table_alone_for_a_short_device_run(capsys: pytest.CaptureF
 
 
 def test_the_compiled_groups_table_alone_for_a_short_device_run(capsys: pytest.CaptureFixture[str]) -> None:
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _load()
     try:
         assert gpu_check.main(["--device", "cpu", "--repeat", "1", "--scale", "4096", "--only",
                                "region"]) == 0

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..nodes import ACCUMULATE_GRAD
+from ..nodes import ACCUMULATE_GRAD, reachable
 
 
 def plain(value: torch.Tensor) -> torch.Tensor:
@@ -109,16 +109,9 @@ def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:
     """
     leaves: list[torch.Tensor] = []
     inner: list[Any] = []
-    seen: set[Any] = {None}
-    edges = [(root, 0) for root in roots]  # as next_functions gives them: (node, input number)
-    while edges:
-        node, _ = edges.pop()
-        if node in seen:
-            continue
-        seen.add(node)
+    for node in reachable(roots):
         if type(node) is ACCUMULATE_GRAD:
             leaves.append(node.variable)  # type: ignore[attr-defined]
         else:
             inner.append(node)
-            edges += node.next_functions
     return leaves, inner

@@ -42,10 +42,9 @@ def watched() -> bool:
 def enter_group(name: str, in_graph: InGraph, eager: Callable[..., Any], plain: Callable[..., Any],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Call a decorated group's function from the graph Dynamo is tracing: as one opaque call; as
-    its ``plain`` ops
-    where it has nothing to do, or under a strict ``torch.export``, which can carry no rule (an
-    error if it has rules); or, where its override's check cannot be traced, eagerly (``eager``,
-    which Dynamo does not trace: one graph break)."""
+    its ``plain`` ops where it has nothing to do, or under a strict ``torch.export``, which can
+    carry no rule (an error if it has rules); or, where its override's check cannot be traced,
+    eagerly (``eager``, which Dynamo does not trace: one graph break)."""
     if compat.is_exporting():
         refuse_export(name)
         return plain(*args, **kwargs)

@@ -227,7 +227,7 @@ class Probe:
         if compat.dual_level() < 0 or compat.in_torch_func_jvp():
             gradient = torch.func.grad(lambda *ys: self._run(list(ys))[0], argnums=tuple(range(len(xs))))
             return self._flat(torch.func.jvp(gradient, xs, tangents)[1]).detach()
-        leaves = [x.clone().requires_grad_() for x in xs]
+        leaves = self._leaves()
         projected, _ = self._run([forward_ad.make_dual(x, t) for x, t in zip(leaves, tangents)])
         if not projected.requires_grad:
             return self._flat([None] * len(xs))
