@@ -18,7 +18,7 @@ import torch.autograd.forward_ad as fwAD
 import torch.nn.functional as F
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from torch.func import jacfwd, jacrev, jvp
+from torch.func import grad, jacfwd, jacrev, jvp, vmap
 
 import autograd_groups as ag
 
@@ -85,6 +85,14 @@ def test_sinc_in_a_group_equals_native_forward_mode(sinc_group: Callable[..., to
         for inner in (jacrev, jacfwd):
             torch.testing.assert_close(outer(inner(lambda u: sinc_group(u).sum()))(v),
                                        outer(inner(lambda u: reference(u).sum()))(v), equal_nan=True)
+    # jvp of jvp and vmap(grad) too.
+    def second(f: Callable[..., torch.Tensor]) -> torch.Tensor:
+        return jvp(lambda u: jvp(lambda w: f(w).sum(), (u,), (t,))[1], (v,), (t,))[1]
+
+    torch.testing.assert_close(second(sinc_group), second(reference), equal_nan=True)
+    rows = torch.stack([v, 2 * v])
+    torch.testing.assert_close(vmap(grad(lambda u: sinc_group(u).sum()))(rows),
+                               vmap(grad(lambda u: _native_sinc_of_length(u).sum()))(rows))
 
 
 def test_sinc_double_backward_is_what_the_transpose_met() -> None:
