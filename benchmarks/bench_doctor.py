@@ -24,15 +24,16 @@ from autograd_groups.doctor.session import Session  # noqa: E402
 TRIGGER_BOUND, INSTRUMENTED_BOUND = 1.05, 4.0
 
 
-def mlp_step(batch: int = 64, width: int = 256) -> Callable[[], None]:
-    """One SGD step of a 4-layer MLP with a cross-entropy loss."""
+def mlp_step(batch: int = 64, width: int = 256, inputs: int = 32, hidden: int = 3) -> Callable[[], None]:
+    """One SGD step of an MLP (``hidden`` layers of ``width``, ReLU) with a cross-entropy loss over
+    10 classes."""
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
-    for i in range(3):
-        layers += [torch.nn.Linear(32 if i == 0 else width, width), torch.nn.ReLU()]
+    for i in range(hidden):
+        layers += [torch.nn.Linear(inputs if i == 0 else width, width), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x, y = torch.randn(batch, 32), torch.randint(0, 10, (batch,))
+    x, y = torch.randn(batch, inputs), torch.randint(0, 10, (batch,))
 
     def step() -> None:
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -40,6 +41,16 @@ def mlp_step(batch: int = 64, width: int = 256) -> Callable[[], None]:
         loss.backward()
         opt.step()
     return step
+
+
+#: The MLPs timed: (label, what it is, step). The first at two batch sizes; the last is the model of
+#: PyTorch's own quickstart tutorial (28 x 28 inputs, two hidden layers of 512), at its batch size.
+MODELS: list[tuple[str, str, Callable[[], Callable[[], None]]]] = [
+    ("batch 64", "4-layer MLP 32-256-256-256-10, batch 64", lambda: mlp_step(64)),
+    ("batch 256", "4-layer MLP 32-256-256-256-10, batch 256", lambda: mlp_step(256)),
+    ("quickstart MLP", "quickstart MLP 784-512-512-10, batch 64",
+     lambda: mlp_step(64, width=512, inputs=784, hidden=2)),
+]
 
 
 def variants(step: Callable[[], None], block: int) -> dict[str, Callable[[], None]]:
@@ -71,21 +82,20 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     # The trigger reads every gradient once: its share of a step falls as the batch grows.
-    batches = (64, 256)
-    ratios = {}
-    for batch in batches:
-        times = interleaved_medians(variants(mlp_step(batch), args.block), args.repeats)
+    ratios = []
+    for _, what, make in MODELS:
+        times = interleaved_medians(variants(make(), args.block), args.repeats)
         plain = times["plain"]
-        ratios[batch] = (times["trigger"] / plain, times["instrumented"] / plain)
-        print(f"torch {torch.__version__}, 1 thread, float32, SGD step of a 4-layer MLP (batch {batch}, "
-              f"width 256): plain {plain / args.block * 1e3:.2f} ms a step, medians of {args.repeats} "
-              f"interleaved runs of {args.block} steps")
-    label = " / ".join(f"batch {b}" for b in batches)
+        ratios.append((times["trigger"] / plain, times["instrumented"] / plain))
+        print(f"torch {torch.__version__}, 1 thread, float32, SGD step of a {what}: plain "
+              f"{plain / args.block * 1e3:.2f} ms a step, medians of {args.repeats} interleaved runs of "
+              f"{args.block} steps")
+    label = " / ".join(label for label, _, _ in MODELS)
     print(markdown_table(TARGET_HEADER, [
-        target_row(f"doctor's trigger per backward / plain step, {label}",
-                   [ratios[b][0] for b in batches], TRIGGER_BOUND),
-        target_row(f"doctor's instrumented step / plain step, {label}",
-                   [ratios[b][1] for b in batches], INSTRUMENTED_BOUND)]))
+        target_row(f"doctor's trigger per backward / plain step, {label}", [r[0] for r in ratios],
+                   TRIGGER_BOUND),
+        target_row(f"doctor's instrumented step / plain step, {label}", [r[1] for r in ratios],
+                   INSTRUMENTED_BOUND)]))
 
 
 if __name__ == "__main__":

@@ -151,8 +151,8 @@ def test_bench_doctor_runs_its_rows() -> None:
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| doctor's")]
     assert [row.split(" | ")[0] for row in rows] == [
-        "| doctor's trigger per backward / plain step, batch 64 / batch 256",
-        "| doctor's instrumented step / plain step, batch 64 / batch 256"]
+        "| doctor's trigger per backward / plain step, batch 64 / batch 256 / quickstart MLP",
+        "| doctor's instrumented step / plain step, batch 64 / batch 256 / quickstart MLP"]
 
 
 def test_bench_region_runs_its_rows() -> None:
