@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -81,3 +83,27 @@ def test_broadcast_input_is_zeroed_only_where_all_incoming_is_zero():
     xn, yn = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
     torch.pow(xn, yn).sum().backward()
     torch.testing.assert_close((x.grad, y.grad), (xn.grad, yn.grad))
+
+
+def test_a_double_backward_whose_formula_returns_immutable_zeros_is_made_nan_safe() -> None:
+    """A gradient penalty through |h|^1.5 at h = 0: the double backward's formulas return ZeroTensors
+    there, which cannot be zeroed in place; the rule zeroes its 0 · inf all the same."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        lin.bias.zero_()
+
+    def penalty(critic: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        x = torch.zeros(3, 2, requires_grad=True)
+        g, = torch.autograd.grad(critic(x), x, create_graph=True)
+        return torch.autograd.grad((g ** 2).sum(), list(lin.parameters()))
+
+    def critic(x: torch.Tensor) -> torch.Tensor:
+        return lin(x).abs().pow(1.5).sum()
+
+    ag.register_rule("critic", ag.NanSafe())
+    grads = penalty(ag.autograd_group("critic")(critic))
+    # The penalty is (grad of the critic)^2, whose gradient is 2 · grad · d(grad), and grad is 0 at h = 0.
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    native = penalty(critic)
+    assert all(torch.equal(g, torch.zeros_like(g)) or not bool(torch.isfinite(g).all()) for g in native)

@@ -42,9 +42,10 @@ def _fits(shape: torch.Size, target: torch.Size) -> bool:
 def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> bool:
     """Whether ``grad``, in a plain backward (see ``SiteHook.__call__``), may be filled in place: a
     fresh dense tensor no other gradient shares. Never for a tensor subclass, nor for batched
-    gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage."""
+    gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage; nor for
+    the immutable zeros some backward formulas return (a ZeroTensor, in a double backward)."""
     if (type(grad) is not torch.Tensor or compat.view_base(grad) is not None or not grad.is_contiguous()
-            or not compat.has_storage(grad)):
+            or not compat.has_storage(grad) or grad._is_zerotensor()):
         return False
     return grad.data_ptr() not in [g.data_ptr() for g in grad_outputs if g is not None]
 
