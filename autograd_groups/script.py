@@ -10,6 +10,8 @@ import runpy
 import sys
 import traceback
 
+import torch
+
 
 class Exit(int):
     """A script's exit code, with ``how`` it ended when it failed (for the command's message)."""
@@ -39,6 +41,9 @@ def run_script(path: str, args: list[str], source: str | None = None,
     0
     """
     saved_argv, saved_path = sys.argv, list(sys.path)
+    # What the script may switch on for the whole process, and the command that runs it must not
+    # inherit (anomaly mode raising at a NaN the command makes on purpose, grad mode off).
+    modes = torch.is_grad_enabled(), torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     try:
@@ -68,6 +73,8 @@ def run_script(path: str, args: list[str], source: str | None = None,
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
+        torch.set_grad_enabled(modes[0])
+        torch.set_anomaly_enabled(modes[1], modes[2])
     return Exit(0)
 
 

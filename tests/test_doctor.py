@@ -173,10 +173,12 @@ def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_fini
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_anomaly_mode_names_the_node_after_the_birth_where_the_doctor_names_the_birth() -> None:
+@pytest.mark.parametrize("name", ["b_rmse_perfect_fit.py", "c_normalize_zero.py"])
+def test_anomaly_mode_names_the_node_after_the_birth_where_the_doctor_names_the_birth(name: str) -> None:
     """The advantage over anomaly mode, asked of the running release: a sqrt at 0 makes inf, the
-    next node turns it into NaN, and anomaly mode (which looks for NaN) names that next node."""
-    script = CORPUS / "b_rmse_perfect_fit.py"
+    next node turns it into NaN, and anomaly mode (which looks for NaN) names that next node; a
+    0 / 0 born in the forward shows in the backward of a later node. The report names both."""
+    script = CORPUS / name
     with pytest.raises(RuntimeError, match=r"Function '(\w+)' returned nan") as raised, \
             torch.autograd.detect_anomaly():
         run_script_raising(script)
@@ -184,7 +186,7 @@ def test_anomaly_mode_names_the_node_after_the_birth_where_the_doctor_names_the_
     report = report_of(script.name)
     if named == report["born"]["node"]:
         pytest.skip(f"anomaly mode names the birth ({named}) on this release")
-    assert report["born"]["node"] == "SqrtBackward0"
+    assert report["born"]["node"] == FOUND[name][2]
     assert report["appears"]["node"] == named
 
 
@@ -235,6 +237,12 @@ def test_the_command_exits_2_on_usage_errors(tmp_path: Path, capsys) -> None:
     assert main(["doctor", str(tmp_path / "missing.py")]) == 2
     assert "no such script" in capsys.readouterr().err
     assert main(["doctor", str(CORPUS / "clean_mlp.py"), "--steps", "0"]) == 2
+    capsys.readouterr()
+    for path in (tmp_path / "no" / "such" / "folder" / "r.json", tmp_path):
+        # said before the script runs: nothing of a long run is lost
+        assert main(["doctor", str(CORPUS / "clean_mlp.py"), "--json", str(path)]) == 2
+        out = capsys.readouterr()
+        assert f"cannot write the report to {path}" in out.err and "clean" not in out.out
 
 
 def test_the_command_passes_on_the_scripts_own_failure(tmp_path: Path, capsys) -> None:
@@ -242,6 +250,50 @@ def test_the_command_passes_on_the_scripts_own_failure(tmp_path: Path, capsys) -
     script.write_text("import sys\nsys.exit(3)\n")
     assert main(["doctor", str(script)]) == 3
     assert "failed before any non-finite gradient" in capsys.readouterr().err
+
+
+def test_a_bad_grad_call_is_diagnosed_and_its_fixes_checked(tmp_path: Path) -> None:
+    """``torch.autograd.grad`` asked for one of the leaves its graph reaches: the fixes are checked
+    against the gradient it was asked for."""
+    script = tmp_path / "asked.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.ones(3))\n"
+                      "x = torch.zeros(3, requires_grad=True)\n"
+                      "g, = torch.autograd.grad(((x * w) ** 2).sum().sqrt(), x)\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 4)
+    native = report.proposals[0]
+    assert native.kind == "native" and native.checked, native.check
+
+
+@pytest.mark.parametrize("handler", ["except:", "except BaseException:"])
+def test_a_script_that_catches_the_stop_is_diagnosed(handler: str, tmp_path: Path) -> None:
+    script = tmp_path / "catches.py"
+    script.write_text("import torch\n"
+                      "x = torch.zeros(4, requires_grad=True)\n"
+                      "opt = torch.optim.SGD([x], lr=0.1)\n"
+                      "for step in range(3):\n"
+                      "    try:\n"
+                      "        x.sqrt().sum().backward()\n"
+                      "        opt.step()\n"
+                      f"    {handler}\n"
+                      "        print('failed, going on')\n"
+                      "    opt.zero_grad(set_to_none=False)\n")
+    report, code = diagnose(str(script))
+    assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 6)
+    assert report.backward_calls == 1
+    assert code == 0 and all(p.checked for p in report.proposals if p.kind == "native")
+
+
+def test_a_script_with_anomaly_mode_on_is_diagnosed(tmp_path: Path) -> None:
+    script = tmp_path / "anomalous.py"
+    script.write_text("import torch\n"
+                      "torch.autograd.set_detect_anomaly(True)\n"
+                      "x = torch.zeros(4, requires_grad=True)\n"
+                      "x.sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 4)
+    assert not torch.is_anomaly_enabled()  # the script's mode ends with it
 
 
 def test_steps_stops_watching(tmp_path: Path) -> None:
@@ -387,5 +439,7 @@ def test_the_watch_keeps_the_gradients_of_the_backward_that_ends_the_script_and_
     with pytest.raises(Stop), session.installed():
         for _ in range(3):
             (w * 3).sum().backward()
-    assert len(session.last_leaves) == 1 and session.last_leaves[0] is w and session.last_grads[0] is w.grad
+    assert len(session.last_leaves) == 1 and session.last_leaves[0] is w
+    # a copy: a script that catches the Stop may zero its gradients in place
+    assert session.last_grads[0] is not w.grad and torch.equal(session.last_grads[0], w.grad)
     assert w.grad.tolist() == [6.0, 6.0, 6.0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from ..doctor.diagnose import diagnose
@@ -51,6 +52,10 @@ def run_doctor(args: argparse.Namespace) -> int:
         return 2
     if not check_script("doctor", args.script):
         return 2
+    if args.json and not _writable(args.json):
+        say(f"autograd-groups doctor: error: cannot write the report to {args.json}: its folder does not "
+            "exist or is not writable, or it is a folder")
+        return 2
     report, code = diagnose(args.script, args.args, args.steps)
     if report.status == "clean" and code:
         say(f"autograd-groups doctor: {args.script} failed before any non-finite gradient: it "
@@ -61,3 +66,10 @@ def run_doctor(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(report.to_json(), f, indent=2)
     return 1 if report.status == "found" else 0
+
+
+def _writable(path: str) -> bool:
+    """Whether a file can be written at ``path`` (checked before the script runs, not after)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return not os.path.isdir(path) and os.path.isdir(folder) and os.access(folder, os.W_OK) \
+        and (not os.path.exists(path) or os.access(path, os.W_OK))

@@ -19,7 +19,7 @@ from ..verify.verdict import CONSISTENT, INCONSISTENT
 from ..verify.verify import MAX_INSTANCES
 from ..verify.verify import check as verify_check
 from .replay import RandomState, run
-from .session import Backward, Grads, Session
+from .session import Backward, Grads, Leaves, Session
 
 #: How close a new gradient must be to the original where that was finite: float rounding of a
 #: native op against its composite, not a change of value.
@@ -32,7 +32,7 @@ class Baseline:
     gradients, and whether the step differentiated twice."""
 
     bad: Backward
-    leaves: list[torch.Tensor]
+    leaves: Leaves
     grads: Grads
     second_order: bool
 
@@ -77,7 +77,7 @@ def check(script: str, args: list[str], source: str, baseline: Baseline, start: 
     return True, f"{checked}; ag.verify: consistent ({order} order, {', '.join(points) or 'checked'})"
 
 
-def _compare(baseline: Baseline, leaves: list[torch.Tensor], grads: Grads) -> str | None:
+def _compare(baseline: Baseline, leaves: Leaves, grads: Grads) -> str | None:
     """Why the new gradients fail, or None where they pass."""
     new = _matched(baseline.leaves, leaves, grads)
     for i, (old, now) in enumerate(zip(baseline.grads, new)):
@@ -98,18 +98,20 @@ def _compare(baseline: Baseline, leaves: list[torch.Tensor], grads: Grads) -> st
     return None
 
 
-def _matched(old_leaves: list[torch.Tensor], new_leaves: list[torch.Tensor], new_grads: Grads) -> Grads:
+def _matched(old_leaves: Leaves, new_leaves: Leaves, new_grads: Grads) -> Grads:
     """The new run's gradients in the order of the original's leaves: the same shape, the nearest
-    values (two runs of a script make their parameters anew)."""
-    free = list(range(len(new_leaves)))
+    values (two runs of a script make their parameters anew). A graph edge ``grad`` was asked for
+    is no tensor to match: it gets no gradient here."""
+    free = {i: t for i, t in enumerate(new_leaves) if isinstance(t, torch.Tensor)}
     matched: Grads = []
     for old in old_leaves:
-        same = [i for i in free if new_leaves[i].shape == old.shape and new_leaves[i].dtype == old.dtype]
-        if not same:
+        same = [] if not isinstance(old, torch.Tensor) else \
+            [i for i, t in free.items() if t.shape == old.shape and t.dtype == old.dtype]
+        if not isinstance(old, torch.Tensor) or not same:
             matched.append(None)
             continue
-        best = min(same, key=lambda i: float((new_leaves[i].detach() - old.detach()).abs().max())
+        best = min(same, key=lambda i: float((free[i].detach() - old.detach()).abs().max())
                    if old.numel() else 0.0)
-        free.remove(best)
+        del free[best]
         matched.append(new_grads[best])
     return matched

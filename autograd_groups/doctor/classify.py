@@ -17,7 +17,7 @@ CLASSES = {
           "the op's limit or subgradient there: a native op with a hand-written backward, an ag.ops "
           "built-in, or a group with a Subgradient rule"),
     "C": ("a NaN or infinity born in the forward reaches the loss or a gradient",
-          "rewrite the forward (mask or clamp the argument before the op); no gradient rule can fix a "
+          "rewrite the forward (mask the argument before the op); no gradient rule can fix a "
           "forward value"),
     "D": ("overflow: values beyond the dtype's range, not a special point",
           "not a gradient-rule problem: a wider dtype, scaled inputs (subtract the max before exp), a "

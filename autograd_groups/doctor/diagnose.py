@@ -103,10 +103,16 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, repro
         report.born.incoming = "zero" if carried else None
     elif back.born is not None:
         report.born = locate.born_backward(back.born, seen.forward.frames)
-    if back.appears is not None and back.appears is not back.born:
-        frame = seen.forward.frames.get(back.appears.node)
-        report.appears = Appears(type(back.appears.node).__name__, None if frame is None else frame.file,
-                                 None if frame is None else frame.line)
     if report.born is not None and report.born.file is not None:
         report.born.file = os.path.abspath(report.born.file)
+    if back.appears is not None:
+        frame = seen.forward.frames.get(back.appears.node)
+        appears = Appears(type(back.appears.node).__name__,
+                          None if frame is None else os.path.abspath(frame.file),
+                          None if frame is None else frame.line)
+        # Where the NaN first shows, if that is not the node the report names (a birth in the
+        # forward names the op that made the value; anomaly mode, the node whose gradient shows it).
+        born = report.born
+        if born is None or (appears.node, appears.file, appears.line) != (born.node, born.file, born.line):
+            report.appears = appears
     return back.born

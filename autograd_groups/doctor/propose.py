@@ -65,7 +65,7 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
         return [advice]
     candidates: list[Candidate] = []
     if cls == "C":
-        rewrite = Proposal("rewrite", f"mask or clamp the argument of `{born.op}` before the op, at "
+        rewrite = Proposal("rewrite", f"mask the argument of `{born.op}` before the op, at "
                            f"{os.path.basename(born.file)}:{born.line} (e.g. torch.where(ok, x, 1) "
                            "inside a log or a division), so that the forward makes no NaN or infinity",
                            check="not applied: what the masked values should be is yours to say")

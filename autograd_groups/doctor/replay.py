@@ -72,7 +72,8 @@ def run(path: str, args: list[str], session: Session, start: RandomState, source
             code = run_script(path, args, source, passes=(Stop,))
     except Stop:
         pass
-    done = Run(code, session, code is None)
+    # A script that caught the Stop ran on to its end: it was stopped all the same.
+    done = Run(code, session, code is None or session.halted)
     if distributed and not before and torch.distributed.is_initialized():
         # The script's process group: ended, so that the next run can start it again.
         done.process = (torch.distributed.get_rank(), torch.distributed.get_world_size())

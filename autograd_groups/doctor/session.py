@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.autograd.graph import GradientEdge
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from .. import compat
 from ..levels import graph_roots, passes_through
@@ -57,6 +58,8 @@ class Backward:
 #: ``(backward, loss, graph roots, run)``: called around the bad backward of a replay; ``run()``
 #: runs it and returns the gradients it computed.
 Grads = list[torch.Tensor | None]
+#: What a backward differentiates: leaf tensors, or the graph edges ``grad`` was asked for.
+Leaves = list[torch.Tensor | GradientEdge]
 Around = Callable[[Backward, list[torch.Tensor], list[Any], Callable[[], Grads]], Grads]
 
 
@@ -89,10 +92,14 @@ class Session:
     #: The tensors the backward that ended the script (or the last told to ``after``) differentiated,
     #: and their gradients (None where it gave none): kept of no other backward, so that the watch
     #: keeps no gradient of an earlier step alive.
-    last_leaves: list[torch.Tensor] = field(default_factory=list)
+    last_leaves: Leaves = field(default_factory=list)
     last_grads: Grads = field(default_factory=list)
     _opened: bool = False
     _inside: bool = False
+    #: Set where the session raised :class:`Stop`: a script that catches it (``except:``,
+    #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
+    halted: bool = False
+    _halt_hook: Any = None
     #: Consecutive loss-scaler overflows.
     overflows: int = 0
 
@@ -118,6 +125,8 @@ class Session:
         # A compiler differentiating its graph while it traces is no step; a backward inside a watched
         # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
         # is part of it.
+        if self.halted:
+            raise Stop
         if self._inside or compat.is_compiling():
             return call()
         self._inside = True
@@ -143,9 +152,10 @@ class Session:
         # Only a compiler makes CompiledFunction nodes, and none runs before Dynamo is imported.
         backward.compiled = compat.dynamo_imported() and any(
             "CompiledFunction" in type(n).__name__ for n in inner)
-        # What the backward accumulates into: ``inputs`` if given, else the leaves it reaches.
-        targets = reached if inputs is None else (
-            [inputs] if isinstance(inputs, torch.Tensor) else list(inputs))
+        # What the backward differentiates: ``inputs`` if given (a ``grad`` call's are), else the
+        # leaves it reaches.
+        targets: Leaves = list(reached) if inputs is None else (
+            [inputs] if isinstance(inputs, (torch.Tensor, GradientEdge)) else list(inputs))
         returned: list[Any] = []
         if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
             go = functools.partial(self._run, call, targets, create_graph, unwrap, returned)
@@ -154,10 +164,11 @@ class Session:
             grads = self._run(call, targets, create_graph, unwrap, returned)
         losses, leaves = tensors, targets
         if unwrap:
-            losses, leaves = [plain(t) for t in tensors], [plain(t) for t in targets]
+            losses = [plain(t) for t in tensors]
+            leaves = [plain(t) if isinstance(t, torch.Tensor) else t for t in targets]
         groups = [losses, [g for g in grads if g is not None]]
         if self.check_values:
-            groups.append(leaves)
+            groups.append([t for t in leaves if isinstance(t, torch.Tensor)])
         backward.loss_finite, backward.grads_finite, *values = finite_groups(groups)
         backward.values_finite = all(values)
         if backward.finite:
@@ -172,21 +183,41 @@ class Session:
             self._end_step()
         if self.stops and (backward.index == self.stop_at or backward.index == self.limit
                            or (self.stop_at is None and backward.bad)):
-            self.last_leaves, self.last_grads = leaves, grads
-            raise Stop
+            # Copies: a script that catches the Stop may zero its gradients in place.
+            self.last_leaves = leaves
+            self.last_grads = [None if g is None else g.detach().clone() for g in grads]
+            self._halt()
         return returned[0] if returned else None
 
-    def _run(self, call: Callable[[], Any], targets: list[torch.Tensor], create_graph: bool, unwrap: bool,
+    def _halt(self) -> None:
+        self.halted = True
+        self._halt_hook = register_optimizer_step_pre_hook(self._refuse)
+        raise Stop
+
+    def _refuse(self, *_: Any) -> None:
+        raise Stop
+
+    def _run(self, call: Callable[[], Any], targets: Leaves, create_graph: bool, unwrap: bool,
              returned: list[Any]) -> Grads:
         """Run the backward; the gradients it computed, unwrapped where ``unwrap``."""
-        if create_graph and self._opened and self.higher_order is not None:
-            with self.higher_order():
+        # The script's anomaly mode would raise at the very NaN the watch is there to see: the
+        # watch checks instead (anomaly mode's tracebacks stay on).
+        nan_check = torch.is_anomaly_enabled() and torch.is_anomaly_check_nan_enabled()
+        if nan_check:
+            torch.set_anomaly_enabled(True, False)
+        try:
+            if create_graph and self._opened and self.higher_order is not None:
+                with self.higher_order():
+                    result = call()
+            else:
                 result = call()
-        else:
-            result = call()
+        finally:
+            if nan_check:
+                torch.set_anomaly_enabled(True, True)
         returned.append(result)
-        # backward: the gradients are in the leaves
-        grads = [t.grad for t in targets] if result is None else list(result)
+        # backward: the gradients are in the leaves (an input given as a graph edge has none)
+        grads = ([t.grad if isinstance(t, torch.Tensor) else None for t in targets] if result is None
+                 else list(result))
         return [None if g is None else plain(g) for g in grads] if unwrap else grads
 
     @contextlib.contextmanager
@@ -203,6 +234,8 @@ class Session:
             yield self
         finally:
             step_hook.remove()
+            if self._halt_hook is not None:
+                self._halt_hook.remove()
             _sessions.remove(self)
             if not _sessions:
                 torch.autograd.backward, torch.autograd.grad = _REAL[:2]
@@ -243,7 +276,7 @@ def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
     create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
     roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     call = functools.partial(_REAL[1], outputs, inputs, *args, **kwargs)
-    return _sessions[-1]._watched(roots, create_graph, None, call)
+    return _sessions[-1]._watched(roots, create_graph, inputs, call)
 
 
 # torch.func.grad tells its own backward from one its function starts by who calls autograd: these
