@@ -296,6 +296,40 @@ def test_a_script_with_anomaly_mode_on_is_diagnosed(tmp_path: Path) -> None:
     assert not torch.is_anomaly_enabled()  # the script's mode ends with it
 
 
+def test_in_a_training_loop_function_the_rule_goes_around_the_statement(tmp_path: Path) -> None:
+    """A group's outputs are what its function returns: on ``main()``, which returns nothing and
+    runs the backward, a group would hold no computation. The statement gets it, and it works."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\n"
+                      "def main():\n"
+                      "    x = torch.zeros(5, requires_grad=True)\n"
+                      "    opt = torch.optim.SGD([x], lr=0.1)\n"
+                      "    for i in range(2):\n"
+                      "        opt.zero_grad()\n"
+                      "        loss = (x ** 2).sum().sqrt()\n"
+                      "        loss.backward()\n"
+                      "        opt.step()\n"
+                      "main()\n")
+    report, _ = diagnose(str(script))
+    rule = next(p for p in report.proposals if p.kind == "rule")
+    assert "+        with ag.autograd_group(\"loss\"):" in rule.diff and "@ag.autograd_group" not in rule.diff
+    assert "gradients finite, equal to the original's" in rule.check
+
+
+def test_a_fix_in_a_file_with_its_own_ag_imports_the_library_by_its_full_name(tmp_path: Path) -> None:
+    script = tmp_path / "named.py"
+    script.write_text("import torch\n"
+                      "ag = 'mean'\n"
+                      "def rmse(v):\n"
+                      "    return (v ** 2).mean().sqrt() if ag == 'mean' else v.abs().sum()\n"
+                      "w = torch.nn.Parameter(torch.zeros(4))\n"
+                      "rmse(w).backward()\n")
+    report, _ = diagnose(str(script))
+    fixes = [p for p in report.proposals if p.diff]
+    assert fixes and all("+import autograd_groups\n" in p.diff and " as ag" not in p.diff for p in fixes)
+    assert all(p.checked for p in fixes if p.kind != "rule"), [p.check for p in fixes]
+
+
 def test_steps_stops_watching(tmp_path: Path) -> None:
     report, _ = diagnose(str(CORPUS / "clean_mlp.py"), steps=2)
     assert report.status == "clean" and report.backward_calls == 2

@@ -35,6 +35,20 @@ class Source:
     def text(self) -> str:
         return "".join(self.lines)
 
+    def names(self) -> set[str]:
+        """Every name the file binds or reads."""
+        names: set[str] = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add(node.asname or node.name.split(".")[0])
+        return names
+
     def alias(self) -> str | None:
         """The name the file imports ``autograd_groups`` as, if it does."""
         for node in self.tree.body:
@@ -109,6 +123,10 @@ class Edit:
             return name
         imports = [n for n in self.source.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         after = max((n.end_lineno or n.lineno) for n in imports) if imports else 0
+        if ALIAS in self.source.names():
+            # The file has an ``ag`` of its own: the library goes by its full name.
+            self.insert(after + 1, ["import autograd_groups"])
+            return "autograd_groups"
         self.insert(after + 1, [f"import autograd_groups as {ALIAS}"])
         return ALIAS
 

@@ -222,7 +222,7 @@ def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | 
         rule = f'{ag}.Subgradient(op="{born.op}", when="{when}", grad=0)'
         what = f"at {born.op}, where {when}, the gradient is 0"
     function = source.innermost_function(born.line)
-    if function is not None:
+    if function is not None and _computes(function):
         name = _qualified(source, function)
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         edit.insert(function.lineno, [f'{indentation(source, first)}@{ag}.autograd_group("{name}")'])
@@ -242,6 +242,16 @@ def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | 
         edit.indent(statement.lineno, statement.end_lineno or statement.lineno)
         summary = f"group {name!r} around line {statement.lineno} with {rule}: {what}"
     return Candidate("rule", summary, edit, rule=True)
+
+
+def _computes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``function`` is a computation a group can hold: it returns a value (a group's
+    outputs are what its function returns) and runs no backward or optimizer step (a training
+    loop, ``main()``: there the statement gets the group)."""
+    returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(function))
+    steps = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and n.func.attr in ("backward", "step") for n in ast.walk(function))
+    return returns and not steps
 
 
 def _qualified(source: Source, function: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
