@@ -36,6 +36,7 @@ __all__ = [
     "find", "formula_parent", "get_unwrapped", "grad_transform_codes", "graph_break", "has_storage",
     "input_metadata", "is_batchedtensor",
     "in_torch_func_jvp", "is_compiling", "is_exporting", "is_functorch_wrapped_tensor", "is_jit_tracing",
+    "is_zero_tensor",
     "legacy_vmap_suspended",
     "maybe_get_bdim",
     "maybe_get_level", "node_sequence_nr", "nonstrict_trace", "op_schema", "peek_interpreter_stack",
@@ -279,6 +280,8 @@ current_autograd_node: Callable[[], Any] = find(torch._C, "_current_autograd_nod
 sequence_nr: Callable[[], int] = find(torch._C, "_autograd._get_sequence_nr", "a group instance")
 has_storage: Callable[[torch.Tensor], bool] = find(torch._C, "_has_storage", _SITES)
 is_jit_tracing: Callable[[], bool] = find(torch._C, "_is_tracing", "a group under torch.jit.trace")
+#: Whether a tensor is one of the immutable zeros some backward formulas return (a ZeroTensor).
+is_zero_tensor: Callable[[torch.Tensor], bool] = find(torch.Tensor, "_is_zerotensor", _SITES)
 
 
 _SAVED = "a rule that reads saved values under saved-tensor hooks"

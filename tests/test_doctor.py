@@ -330,6 +330,21 @@ def test_a_fix_in_a_file_with_its_own_ag_imports_the_library_by_its_full_name(tm
     assert all(p.checked for p in fixes if p.kind != "rule"), [p.check for p in fixes]
 
 
+def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> None:
+    """The log of a zero count in preprocessing: the batch holds -inf before the step starts (the
+    padded-attention scripts keep their additive -inf mask as meant: class A)."""
+    script = tmp_path / "counts.py"
+    script.write_text("import torch\n"
+                      "counts = torch.tensor([[1.0, 2.0], [0.0, 3.0]])\n"
+                      "x = torch.log(counts)\n"
+                      "model = torch.nn.Linear(2, 1)\n"
+                      "loss = model(x).sum()\n"
+                      "loss.backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.op, report.born.line) == ("E", "linear", 5)
+    assert report_of("a_padded_attention.py")["class"] == "A"
+
+
 def test_steps_stops_watching(tmp_path: Path) -> None:
     report, _ = diagnose(str(CORPUS / "clean_mlp.py"), steps=2)
     assert report.status == "clean" and report.backward_calls == 2

@@ -104,7 +104,7 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFind
             if id(tensor) in made:
                 inherited = True
                 carried = carried if carried is not None else made[id(tensor)]
-            elif _counts_as_entering(tensor):
+            elif _counts_as_entering(tensor, call.op):
                 inherited = True
                 if id(tensor) not in entered:
                     entered[id(tensor)] = len(found.entered)
@@ -130,10 +130,17 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFind
     return found
 
 
-def _counts_as_entering(tensor: torch.Tensor) -> bool:
-    """A non-finite tensor from outside the step: a parameter with any, or data with a NaN. An
-    infinity in a tensor that needs no gradient is taken as meant (an additive ``-inf`` mask)."""
-    return tensor.requires_grad or bool(torch.isnan(tensor).any())
+#: Ops that multiply their inputs (a layer's data): an infinity entering one is data gone bad.
+_MULTIPLYING = frozenset({"linear", "bilinear", "matmul", "mm", "bmm", "mv", "einsum", "conv1d", "conv2d",
+                          "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+                          "layer_norm", "batch_norm", "group_norm", "instance_norm"})
+
+
+def _counts_as_entering(tensor: torch.Tensor, op: str) -> bool:
+    """A non-finite tensor from outside the step: a parameter with any, data with a NaN, or data
+    with an infinity that a layer multiplies (``op``). Elsewhere an infinity in a tensor that needs
+    no gradient is taken as meant (an additive ``-inf`` mask)."""
+    return tensor.requires_grad or op in _MULTIPLYING or bool(torch.isnan(tensor).any())
 
 
 def _describe(tensor: torch.Tensor) -> str:

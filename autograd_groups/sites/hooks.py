@@ -45,7 +45,7 @@ def _owned(grad: torch.Tensor, grad_outputs: Sequence[torch.Tensor | None]) -> b
     gradients (``is_grads_batched``, ``jacobian(vectorize=True)``): they have no storage; nor for
     the immutable zeros some backward formulas return (a ZeroTensor, in a double backward)."""
     if (type(grad) is not torch.Tensor or compat.view_base(grad) is not None or not grad.is_contiguous()
-            or not compat.has_storage(grad) or grad._is_zerotensor()):
+            or not compat.has_storage(grad) or compat.is_zero_tensor(grad)):
         return False
     return grad.data_ptr() not in [g.data_ptr() for g in grad_outputs if g is not None]
 
