@@ -29,6 +29,7 @@ FOUND = {
     "a_softplus_where.py": ("A", "backward", "ExpBackward0", "exp", "softplus"),
     "a_masked_distance.py": ("A", "backward", "SqrtBackward0", "sqrt", "pairwise"),
     "a_masked_division.py": ("A", "backward", "DivBackward0", "div", "mean_per_bin"),
+    "a_masked_direction.py": ("A", "backward", "DivBackward0", "div", "directions"),
     "a_gradient_penalty.py": ("A", "backward", "PowBackward0", "pow", "energy"),
     "a_masked_logsumexp.py": ("A", "backward", "LogBackward0", "log", "log_partition"),
     "b_gradient_penalty_norm.py": ("B", "backward", "SqrtBackward0", "sqrt", "gradient_norm"),
@@ -86,6 +87,14 @@ def test_the_doctor_finds_the_birth_and_its_class(name: str) -> None:
     assert proposals[-1]["kind"] == "advice"
     if cls in ("C", "D", "E"):
         assert not any(p["checked"] for p in proposals), "no gradient rule fixes a forward value"
+
+
+def test_a_vector_divided_by_its_norm_gets_the_native_normalize_checked() -> None:
+    native, builtin = report_of("a_masked_direction.py")["proposals"][:2]
+    assert (native["kind"], native["checked"]) == ("native", True)
+    assert (builtin["kind"], builtin["checked"]) == ("builtin", True)
+    assert "+    u = torch.nn.functional.normalize(x, dim=-1)  # born" in native["diff"]
+    assert "ag.ops.normalize(x, dim=-1)" in builtin["diff"]
 
 
 def test_a_born_in_the_double_backward_is_reported_at_the_first_order_op() -> None:

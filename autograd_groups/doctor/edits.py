@@ -75,9 +75,10 @@ class Source:
                  and n.lineno <= line <= (n.end_lineno or n.lineno)]
         return max(found, key=lambda n: n.lineno, default=None)
 
-    def calls_on(self, line: int) -> list[ast.Call]:
-        """The calls that start and end on ``line``, outermost first."""
-        calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call) and n.lineno == line
+    def calls_on(self, line: int) -> list[ast.Call | ast.BinOp]:
+        """The calls and binary operations (``x / y``) that start and end on ``line``, outermost
+        first."""
+        calls = [n for n in ast.walk(self.tree) if isinstance(n, (ast.Call, ast.BinOp)) and n.lineno == line
                  and n.end_lineno == line]
         return sorted(calls, key=lambda c: (c.col_offset, -(c.end_col_offset or 0)))
 

@@ -97,7 +97,8 @@ def _owned(path: str, script: str) -> bool:
 
 def _natives(source: Source, born: Born) -> list[Candidate]:
     """A native op and the built-in for the expression on the born line, where it is one they
-    replace: a square root of a sum of squares (the Euclidean norm) or a log of a sum of exps."""
+    replace: a square root of a sum of squares (the Euclidean norm), a log of a sum of exps, or a
+    vector divided by its norm along a dimension."""
     if born.line is None:
         return []
     for call in source.calls_on(born.line):
@@ -118,8 +119,10 @@ def _natives(source: Source, born: Born) -> list[Candidate]:
     return []
 
 
-def _norm_of(call: ast.Call) -> tuple[ast.expr, str] | None:
+def _norm_of(call: ast.expr) -> tuple[ast.expr, str] | None:
     """``(x, ", dim=..., keepdim=...")`` where ``call`` is the square root of a sum of squares of x."""
+    if not isinstance(call, ast.Call):
+        return None
     inner = _unary(call, "sqrt")
     if not isinstance(inner, ast.Call):
         return None
@@ -132,8 +135,10 @@ def _norm_of(call: ast.Call) -> tuple[ast.expr, str] | None:
     return x, _reduction(inner, keyword="dim")
 
 
-def _log_sum_exp_of(call: ast.Call) -> tuple[ast.expr, str] | None:
+def _log_sum_exp_of(call: ast.expr) -> tuple[ast.expr, str] | None:
     """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x."""
+    if not isinstance(call, ast.Call):
+        return None
     inner = _unary(call, "log")
     if not isinstance(inner, ast.Call):
         return None
@@ -145,6 +150,32 @@ def _log_sum_exp_of(call: ast.Call) -> tuple[ast.expr, str] | None:
         return None
     options = _reduction(inner, keyword=None)
     return (x, options) if options else None
+
+
+def _normalized(node: ast.expr) -> tuple[ast.expr, str] | None:
+    """``(x, ", dim=...")`` where ``node`` is ``x`` divided by its Euclidean norm along a dimension
+    (a square root of a sum of squares, or ``x.norm(dim=...)``, ``torch.linalg.vector_norm(x, dim=...)``)."""
+    if not isinstance(node, ast.BinOp) or not isinstance(node.op, ast.Div):
+        return None
+    x, norm = node.left, node.right
+    found = _norm_of(norm)
+    if found is None and isinstance(norm, ast.Call) and isinstance(norm.func, ast.Attribute) \
+            and norm.func.attr in ("norm", "vector_norm") and _euclidean(norm):
+        operand = _unary(norm, norm.func.attr, extra=True)
+        dims = [k.value for k in norm.keywords if k.arg == "dim"]
+        if operand is not None and dims:
+            found = operand, f", dim={ast.unparse(dims[0])}"
+    if found is None or ast.dump(found[0]) != ast.dump(x):
+        return None
+    dim = [part for part in found[1].split(", ") if part.startswith("dim=")]
+    return (x, f", {dim[0]}") if dim else None
+
+
+def _euclidean(call: ast.Call) -> bool:
+    """Whether a norm call's order is 2 (given or by default), by keyword or position."""
+    orders = call.args[1:2] if _is_torch(call.func.value) else call.args[:1]  # type: ignore[attr-defined]
+    orders += [k.value for k in call.keywords if k.arg in ("p", "ord")]
+    return all(_is_two(o) for o in orders)
 
 
 def _reduction(call: ast.Call, keyword: str | None) -> str:
@@ -169,10 +200,16 @@ _REPLACEABLE = (
     ("log", _log_sum_exp_of, "torch.logsumexp", "logsumexp",
      {"native": "a native op with a hand-written backward",
       "builtin": "the built-in group, whose gradient is 0 for a slice that is all -inf"}),
+    ("div", _normalized, "torch.nn.functional.normalize", "normalize",
+     {"native": "a native op that divides by max(norm, eps): finite at a zero vector",
+      "builtin": "the built-in group, with the native op's gradient at a zero vector"}),
 )
 
 
 def _is_torch(node: ast.expr) -> bool:
+    """Whether ``node`` is ``torch`` or one of its namespaces (``torch.linalg``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
     return isinstance(node, ast.Name) and node.id == "torch"
 
 
