@@ -398,6 +398,17 @@ def test_in_process_the_report_is_the_same_object_and_says_its_fixes_are_uncheck
     assert "cannot be replayed" in report.proposals[0].check
 
 
+def test_in_process_a_birth_at_second_order_is_the_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gradient penalty's first backward builds a graph; the NaN is born in the second, and is
+    told at the first-order op and line, as the command tells it."""
+    monkeypatch.syspath_prepend(str(CORPUS))
+    with ag.doctor() as report:
+        run_script_raising(CORPUS / "a_gradient_penalty.py")
+    born, command = report.born, report_of("a_gradient_penalty.py")["born"]
+    assert born is not None and (born.node, born.line, born.function, born.order) == (
+        command["node"], command["line"], command["function"], 2)
+
+
 def test_in_process_a_finite_block_is_clean() -> None:
     x = torch.ones(3, requires_grad=True)
     with ag.doctor() as report:

@@ -30,18 +30,20 @@ def doctor() -> Iterator[Diagnosis]:
     from .check import Baseline
     from .diagnose import diagnose_step
     from .propose import NOT_REPLAYED, propose
-    from .replay import Instrumented, RandomState
+    from .replay import Instrumented, RandomState, linked
     from .report import Diagnosis
     from .session import Session
 
     report = Diagnosis("clean", 0)
     seen = Instrumented()
-    session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False)
+    session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False,
+                      higher_order=linked)
 
     def after(backward: Backward) -> None:
         report.backward_calls = backward.index
         if not backward.bad:
-            seen.forward.reset()
+            if not backward.create_graph:  # a step's end; a gradient penalty's first backward is not
+                seen.forward.reset()
             return
         report.status, report.step = "found", backward.index
         born_ran = diagnose_step(report, session, seen, True)

@@ -131,6 +131,12 @@ passes_through(Instrumented.watch.__code__, ForwardWatch.__torch_function__.__co
                                                  for f in (torch.autograd.grad, torch.autograd.backward)))
 
 
+def linked() -> contextlib.AbstractContextManager[Any]:
+    """Anomaly mode without its NaN check, around a backward that builds a graph: the nodes it
+    makes know the node that made them (a birth at second order is then told at its first-order op)."""
+    return torch.autograd.set_detect_anomaly(True, check_nan=False)
+
+
 def replay(path: str, args: list[str], bad: Backward, start: RandomState, source: str | None = None,
            eager: bool = False) -> tuple[Run, Instrumented]:
     """Run the script again up to its bad backward, with the instruments on from the start of that
@@ -139,7 +145,7 @@ def replay(path: str, args: list[str], bad: Backward, start: RandomState, source
     know the node that made them)."""
     seen = Instrumented()
     session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.watch,
-                      higher_order=lambda: torch.autograd.set_detect_anomaly(True, check_nan=False),
+                      higher_order=linked,
                       check_values=True)
     try:
         done = run(path, args, session, start, source, eager)
