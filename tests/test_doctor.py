@@ -257,8 +257,18 @@ def test_the_command_exits_2_on_usage_errors(tmp_path: Path, capsys) -> None:
 def test_the_command_passes_on_the_scripts_own_failure(tmp_path: Path, capsys) -> None:
     script = tmp_path / "fails.py"
     script.write_text("import sys\nsys.exit(3)\n")
-    assert main(["doctor", str(script)]) == 3
-    assert "failed before any non-finite gradient" in capsys.readouterr().err
+    out = tmp_path / "report.json"
+    assert main(["doctor", str(script), "--json", str(out)]) == 3
+    said = capsys.readouterr().err
+    assert "failed before any non-finite gradient" in said and "ran no backward pass" not in said
+    assert json.loads(out.read_text())["status"] == "clean"  # what was watched before it failed
+
+
+def test_the_command_says_when_no_backward_ran(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "forward.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum())\n")
+    assert main(["doctor", str(script)]) == 0
+    assert "ran no backward pass" in capsys.readouterr().err
 
 
 def test_a_bad_grad_call_is_diagnosed_and_its_fixes_checked(tmp_path: Path) -> None:

@@ -57,14 +57,17 @@ def run_doctor(args: argparse.Namespace) -> int:
             "exist or is not writable, or it is a folder")
         return 2
     report, code = diagnose(args.script, args.args, args.steps)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
     if report.status == "clean" and code:
         say(f"autograd-groups doctor: {args.script} failed before any non-finite gradient: it "
             f"{code.how or 'ended'}, exit code {int(code)}")
         return int(code)
     print(report)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
+    if report.backward_calls == 0:
+        say(f"autograd-groups doctor: {args.script} ran no backward pass (Tensor.backward, "
+            "torch.autograd.grad): nothing was watched")
     return 1 if report.status == "found" else 0
 
 

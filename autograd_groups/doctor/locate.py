@@ -226,9 +226,19 @@ def born_backward(r: Ran, frames: dict[Any, Frame]) -> Born:
         frame = frames.get(node)
     values: dict[str, Any] = {name: _shown(_at(value, bad)) for name, value in r.saved.items()
                               if _at(value, bad) is not None}
-    values.update({name: value for name, value in r.saved.items() if isinstance(value, (int, float, bool))})
+    values.update({name: _signed(value) for name, value in r.saved.items()
+                   if isinstance(value, (int, float, bool))})
     return _born("backward", type(r.node).__name__, nodes.node_op(node), frame, bad, values,
                  incoming(r, bad), order)
+
+
+def _signed(value: int | float | bool) -> int | float | bool:
+    """A saved int as the op took it: some nodes give a negative ``dim`` as an unsigned 64-bit int.
+
+    >>> _signed(2 ** 64 - 1), _signed(3), _signed(0.5)
+    (-1, 3, 0.5)
+    """
+    return value - 2 ** 64 if type(value) is int and value >= 2 ** 63 else value
 
 
 def _at(value: Any, bad: torch.Tensor) -> torch.Tensor | None:
