@@ -97,6 +97,24 @@ def test_a_vector_divided_by_its_norm_gets_the_native_normalize_checked() -> Non
     assert "ag.ops.normalize(x, dim=-1)" in builtin["diff"]
 
 
+_COMPILES = "the script compiles: the bad step was replayed eagerly"
+
+
+@pytest.mark.parametrize("backend", ["eager", None])
+def test_a_compiled_script_is_said_to_be_replayed_eagerly(backend: str | None, tmp_path: Path) -> None:
+    """aot_eager makes a compiled backward (the corpus); the eager backend makes none, and is said
+    all the same. A script that compiles nothing gets no such note."""
+    script = tmp_path / "compiled.py"
+    decorator = f"@torch.compile(backend={backend!r})\n" if backend else ""
+    script.write_text("import torch\n"
+                      f"{decorator}def rmse(w):\n"
+                      "    return (w ** 2).mean().sqrt()\n"
+                      "rmse(torch.zeros(3, requires_grad=True)).backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "B" and any(_COMPILES in n for n in report.notes) == (backend is not None)
+    assert any(_COMPILES in n for n in report_of("b_compiled_distance.py")["notes"])
+
+
 def test_a_born_in_the_double_backward_is_reported_at_the_first_order_op() -> None:
     born = report_of("a_gradient_penalty.py")["born"]
     assert born["order"] == 2 and born["op"] == "pow"

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from .. import compat
 from ..script import Exit
 from . import locate
 from .check import Baseline
@@ -39,6 +40,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     """
     args = list(args or [])
     start = RandomState.now()
+    graphs = compat.graphs_compiled()
     first = run(script, args, Session(limit=steps), start)
     bad = first.session.bad
     watched = len(first.session.backwards)
@@ -48,7 +50,9 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     if first.process is not None:
         rank, size = first.process
         report.notes.append(f"one process was diagnosed: rank {rank} of {size}; the others may differ")
-    compiled = any(b.compiled for b in first.session.backwards)
+    # A compiled backward, or any graph Dynamo compiled for the script (backend="eager" makes no
+    # compiled backward).
+    compiled = any(b.compiled for b in first.session.backwards) or compat.graphs_compiled() > graphs
     if compiled:
         report.notes.append("the script compiles: the bad step was replayed eagerly "
                             "(torch.compiler.set_stance('force_eager'))")
