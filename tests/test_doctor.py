@@ -246,6 +246,7 @@ def test_the_command_writes_the_json_and_exits_1_on_a_finding(tmp_path: Path, ca
     assert main(["doctor", str(CORPUS / "b_rmse_perfect_fit.py"), "--json", str(out)]) == 1
     printed = capsys.readouterr().out
     assert "class B" in printed and "SqrtBackward0" in printed and "MseLossBackward0" in printed
+    assert "  its one element non-finite\n" in printed  # the root of a mean: a 0-d tensor
     written = json.loads(out.read_text())
     assert set(written) >= {"status", "backward_calls", "class", "born", "appears", "proposals"}
     assert written["class"] == "B"

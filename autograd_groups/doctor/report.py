@@ -99,8 +99,11 @@ class Diagnosis:
             source = _source(born.file, born.line)
             if source:
                 out.append(f"{_CODE}    {source}")
-            shown = " ".join("[" + ",".join(map(str, i)) + "]" for i in born.indices)
-            out.append(f"  {born.elements} of {born.total} elements non-finite: {shown}")
+            if born.indices and not any(born.indices):  # a 0-d tensor: its one element has no index
+                out.append("  its one element non-finite")
+            else:
+                shown = " ".join("[" + ",".join(map(str, i)) + "]" for i in born.indices)
+                out.append(f"  {born.elements} of {born.total} elements non-finite: {shown}")
             if born.values:
                 values = "; ".join(f"{k} = {v}" for k, v in born.values.items())
                 out.append(f"  values there: {values}")
