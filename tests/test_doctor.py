@@ -354,6 +354,19 @@ def test_in_a_training_loop_function_the_rule_goes_around_the_statement(tmp_path
     assert "gradients finite, equal to the original's" in rule.check
 
 
+def test_a_lambda_is_wrapped_where_it_is_defined(tmp_path: Path) -> None:
+    """A with block around a lambda's definition would hold nothing: the lambda is the group."""
+    script = tmp_path / "lam.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.zeros(3))\n"
+                      "rms = lambda v: (v ** 2).mean().sqrt()\n"
+                      "rms(w).backward()\n")
+    report, _ = diagnose(str(script))
+    rule = next(p for p in report.proposals if p.kind == "rule")
+    assert '+rms = ag.autograd_group("rms")(lambda v: (v ** 2).mean().sqrt())' in rule.diff
+    assert rule.checked, rule.check
+
+
 def test_a_fix_in_a_file_with_its_own_ag_imports_the_library_by_its_full_name(tmp_path: Path) -> None:
     script = tmp_path / "named.py"
     script.write_text("import torch\n"

@@ -64,6 +64,12 @@ class Source:
                    and n.body[0].lineno <= line <= (n.end_lineno or n.lineno)]
         return max(holding, key=lambda n: n.lineno, default=None)
 
+    def lambda_on(self, line: int) -> ast.Lambda | None:
+        """The innermost lambda written on ``line`` alone."""
+        lambdas = [n for n in ast.walk(self.tree) if isinstance(n, ast.Lambda) and n.lineno == line
+                   and n.end_lineno == line]
+        return max(lambdas, key=lambda n: n.col_offset, default=None)
+
     def top_statement(self, line: int) -> ast.stmt | None:
         """The module-level statement that holds ``line``."""
         return next((s for s in self.tree.body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)

@@ -259,7 +259,17 @@ def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | 
         rule = f'{ag}.Subgradient(op="{born.op}", when="{when}", grad=0)'
         what = f"at {born.op}, where {when}, the gradient is 0"
     function = source.innermost_function(born.line)
-    if function is not None and _computes(function):
+    lam = source.lambda_on(born.line)
+    if lam is not None:
+        # A group around the lambda's definition would hold nothing: the lambda itself is wrapped.
+        statement, top = source.simple_statement(born.line), source.top_statement(born.line)
+        if statement is None or top is None:
+            return None
+        name = _statement_name(statement, born.line)
+        edit.insert(top.lineno, [f'{ag}.register_rule("{name}", {rule})'])
+        edit.replace(lam, f'{ag}.autograd_group("{name}")({source.segment(lam)})')
+        summary = f"group {name!r} on the lambda at line {born.line} with {rule}: {what}"
+    elif function is not None and _computes(function):
         name = _qualified(source, function)
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         edit.insert(function.lineno, [f'{indentation(source, first)}@{ag}.autograd_group("{name}")'])
