@@ -103,6 +103,26 @@ def test_a_norm_at_zero_is_a_kink_where_the_subgradient_0_is_consistent() -> Non
     assert row.checked == 3 and row.input.startswith("v[")
 
 
+def test_a_group_that_reaches_a_modules_float32_weights_is_checked_in_float64() -> None:
+    """The copies are float64; the weights the function closes over stay float32 and a matmul
+    refuses the two: it is made again in float64 (a write into a float32 tensor is left alone)."""
+    linear = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        linear.weight.zero_()
+        linear.bias.zero_()
+
+    @ag.autograd_group("norm_of_layer")
+    def norm_of_layer(x):
+        out = torch.zeros(2)
+        out[:] = linear(x).pow(2).sum(0)
+        return out.sum().sqrt()
+
+    ag.register_rule("norm_of_layer", SQRT_AT_ZERO)
+    row = _only(ag.verify(norm_of_layer, torch.ones(4, 3)))
+    assert row.status == "consistent", row.reason
+    assert linear.weight.dtype == torch.float32
+
+
 def test_abs_as_sqrt_of_a_square_subgradient_0_is_consistent_and_an_override_giving_5_is_not() -> None:
     ag.register_rule("abs_sqrt", SQRT_AT_ZERO)
     row = _only(ag.verify(abs_sqrt, torch.zeros(1)))

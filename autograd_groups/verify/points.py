@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.autograd.forward_ad as forward_ad
+from torch.overrides import TorchFunctionMode
 
 from .. import compat, flag
 from ..errors import GroupError
@@ -128,9 +129,59 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
                 call_args[key] = x
             else:
                 call_kwargs[key] = x
-        return fn(*call_args, **call_kwargs)
+        with Widened():
+            return fn(*call_args, **call_kwargs)
 
     return Point(run, inputs, input_names)
+
+
+class Widened(TorchFunctionMode):
+    """In a run on float64 copies, a call that refuses float64 beside a narrower floating dtype (a
+    matmul with a module's float32 weight, which the function reaches by closure and no copy
+    replaces) is made again with all its floating tensors as float64: the function computed in
+    float64, as the copies ask. The casts are differentiable. A call that mixes dtypes by itself
+    (type promotion, a write into a float32 tensor) is left as it is.
+
+    >>> w = torch.ones(2, 3)  # float32, as a module's weight
+    >>> with Widened():
+    ...     torch.nn.functional.linear(torch.ones(1, 3, dtype=torch.float64), w).dtype
+    torch.float64
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError:
+            dtypes = {t.dtype for t in _tensors((args, kwargs)) if t.is_floating_point()}
+            if torch.float64 not in dtypes or len(dtypes) == 1:
+                raise
+        return func(*_widened(args), **_widened(kwargs))
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def _widened(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64) if value.is_floating_point() else value
+    if isinstance(value, list):
+        return [_widened(v) for v in value]
+    if isinstance(value, tuple):
+        items = [_widened(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        return {k: _widened(v) for k, v in value.items()}
+    return value
 
 
 @dataclass
