@@ -478,6 +478,15 @@ def test_a_loss_scalers_deliberate_overflow_is_no_finding(tmp_path: Path) -> Non
     assert report.status == "clean" and report.backward_calls == 12
 
 
+def test_a_loss_scaler_started_high_may_overflow_more_than_five_times(tmp_path: Path) -> None:
+    """init_scale 2**70 and gradients of 1e20: nine halvings before the scaled gradient is finite."""
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w * 1e20).sum()").replace(
+        "GradScaler('cpu')", "GradScaler('cpu', init_scale=2.0 ** 70)"))
+    report, _ = diagnose(str(script))
+    assert report.status == "clean" and report.backward_calls == 12
+
+
 def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> None:
     script = tmp_path / "scaled.py"
     script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()"))

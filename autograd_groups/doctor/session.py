@@ -173,9 +173,13 @@ class Session:
         backward.values_finite = all(values)
         if backward.finite:
             self.overflows = 0
-        elif any(getattr(r, _SCALED, False) for r in tensors):
-            self.overflows += 1
-            backward.scaled_overflow = self.overflows < SCALER_SKIPS
+        else:
+            scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
+            if scaler is not None:
+                self.overflows += 1
+                # A scale the script set above the default start takes more halvings to come down.
+                high = scaler.get_scale() > STARTING_SCALE
+                backward.scaled_overflow = self.overflows < SCALER_SKIPS or high
         if self.after is not None:
             self.last_leaves, self.last_grads = leaves, grads
             self.after(backward)
@@ -247,9 +251,10 @@ class Session:
 
 
 #: How many loss-scaler overflow steps in a row the watch lets pass: a scaler lowers its scale and
-#: skips the step at an overflow, on purpose; one that keeps overflowing has a real NaN.
-SCALER_SKIPS = 5
-#: The mark ``GradScaler.scale`` leaves on the losses it scales, while a session watches.
+#: skips the step at an overflow, on purpose; one that keeps overflowing has a real NaN. While its
+#: scale is above ``GradScaler``'s default start, every overflow step passes.
+SCALER_SKIPS, STARTING_SCALE = 5, 2.0 ** 16
+#: The mark ``GradScaler.scale`` leaves on the losses it scales (the scaler), while a session watches.
 _SCALED = "_autograd_groups_scaled"
 
 #: The sessions open now (the innermost watches), and autograd's own entry points while they are.
@@ -268,7 +273,7 @@ def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, 
 def _scale(scaler: Any, outputs: Any) -> Any:
     scaled = _REAL[2](scaler, outputs)
     for t in [scaled] if isinstance(scaled, torch.Tensor) else scaled:
-        setattr(t, _SCALED, True)
+        setattr(t, _SCALED, scaler)
     return scaled
 
 
