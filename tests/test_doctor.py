@@ -475,7 +475,7 @@ def test_a_loss_scalers_deliberate_overflow_is_no_finding(tmp_path: Path) -> Non
     script = tmp_path / "scaled.py"
     script.write_text(_SCALED_STEPS.format(loss="(w * 1e34).sum()"))  # inf at scale 2**16 only
     report, _ = diagnose(str(script))
-    assert report.status == "clean" and report.backward_calls == 12
+    assert report.status == "clean" and report.backward_calls == 12 and report.notes == []
 
 
 def test_a_loss_scaler_started_high_may_overflow_more_than_five_times(tmp_path: Path) -> None:
@@ -484,7 +484,17 @@ def test_a_loss_scaler_started_high_may_overflow_more_than_five_times(tmp_path: 
     script.write_text(_SCALED_STEPS.format(loss="(w * 1e20).sum()").replace(
         "GradScaler('cpu')", "GradScaler('cpu', init_scale=2.0 ** 70)"))
     report, _ = diagnose(str(script))
-    assert report.status == "clean" and report.backward_calls == 12
+    assert report.status == "clean" and report.backward_calls == 12 and report.notes == []
+
+
+def test_a_run_that_ends_in_skipped_overflows_says_a_nan_may_be_untold(tmp_path: Path) -> None:
+    """A real NaN under a scaler started at 2**70: twelve steps end before the scale is down."""
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()").replace(
+        "GradScaler('cpu')", "GradScaler('cpu', init_scale=2.0 ** 70)"))
+    report, _ = diagnose(str(script))
+    assert report.status == "clean"
+    assert report.notes and "the last 12 backward pass(es) overflowed" in report.notes[0]
 
 
 def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> None:
