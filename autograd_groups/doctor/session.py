@@ -59,7 +59,7 @@ class Backward:
 #: runs it and returns the gradients it computed.
 Grads = list[torch.Tensor | None]
 #: What a backward differentiates: leaf tensors, or the graph edges ``grad`` was asked for.
-Leaves = list[torch.Tensor | GradientEdge]
+Leaves = Sequence[torch.Tensor | GradientEdge]
 Around = Callable[[Backward, list[torch.Tensor], list[Any], Callable[[], Grads]], Grads]
 
 
@@ -154,7 +154,7 @@ class Session:
             "CompiledFunction" in type(n).__name__ for n in inner)
         # What the backward differentiates: ``inputs`` if given (a ``grad`` call's are), else the
         # leaves it reaches.
-        targets: Leaves = list(reached) if inputs is None else (
+        targets: Leaves = reached if inputs is None else (
             [inputs] if isinstance(inputs, (torch.Tensor, GradientEdge)) else list(inputs))
         returned: list[Any] = []
         if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
