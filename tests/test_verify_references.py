@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import autograd_groups as ag
-from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, INCONSISTENT, LIMITS
+from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, FLOAT64, INCONSISTENT, LIMITS, explain
 
 F64 = torch.float64
 
@@ -161,21 +161,79 @@ def test_a_wrong_acos_rule_at_the_same_rows_is_inconsistent() -> None:
     assert row.index[0] >= 2 and row.rule_value == 0.0
 
 
-def test_a_nan_safe_rule_whose_values_a_zero_factor_takes_says_why_it_is_not_checked() -> None:
+def _masked_ce(z: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return -torch.xlogy(t, torch.softmax(z.masked_fill(mask, float("-inf")), -1)).sum()
+
+
+_CE_POINT = (torch.tensor([[0.3, -1.0, 2.0, 0.5]], dtype=torch.float64),
+             torch.tensor([[0.2, 0.8, 0.0, 0.0]], dtype=torch.float64),
+             torch.tensor([[False, False, False, True]]))
+
+
+def test_a_nan_safe_rule_whose_values_a_zero_factor_takes_is_checked_where_it_made_it_finite() -> None:
     """A NaN-safe cross-entropy against a masked softmax: the rule's 0 at the masked class meets
-    that class's probability, exactly 0, on the way to the logits."""
+    that class's probability, exactly 0, on the way to the logits, so no value it sets reaches an
+    input gradient; the input gradient it made finite (the plain composite's is NaN) is compared."""
     with ag.registry_scope():
         ag.register_rule("ref.masked_ce", ag.NanSafe())
+        (row,) = [r for r in ag.verify(ag.autograd_group("ref.masked_ce")(_masked_ce), *_CE_POINT).rows
+                  if r.instance]
+    # The plain composite's gradient is NaN at the three unmasked logits, and nearby too: they are
+    # compared with finite differences of the value.
+    assert (row.status, row.checked, row.reference) == (CONSISTENT, 3, DIFFERENCES)
+    assert row.reason.endswith("an exact zero factor on the way takes what the rule set (0 · x = 0)")
+    z, t, mask = _CE_POINT
+    p = torch.softmax(z.masked_fill(mask, float("-inf")), -1)
+    assert row.rule_value == pytest.approx(float((p - t)[tuple(row.index)]))
 
-        @ag.autograd_group("ref.masked_ce")
-        def masked_ce(z: torch.Tensor, t: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return -torch.xlogy(t, torch.softmax(z.masked_fill(mask, float("-inf")), -1)).sum()
 
-        z = torch.tensor([[0.3, -1.0, 2.0, 0.5]], dtype=torch.float64)
-        t = torch.tensor([[0.2, 0.8, 0.0, 0.0]], dtype=torch.float64)
-        mask = torch.tensor([[False, False, False, True]])
-        (row,) = [r for r in ag.verify(masked_ce, z, t, mask).rows if r.instance]
-    assert row.status == "not checked"
-    assert row.reason == ("the elements it changed reach no input gradient: an exact zero factor on the "
-                          "way takes what it set (0 · x = 0), so no value there could change them; "
-                          "without the rules the plain composite's NaN reaches them (e.g. z[0, 0])")
+def test_a_wrong_gradient_where_a_nan_safe_rule_made_it_finite_is_inconsistent() -> None:
+    """The same cross-entropy with a wrong rule beside the NaN-safe one (softmax's gradient zeroed
+    wherever a probability is positive): the input gradient the NaN-safe rule made finite is wrong
+    there, and its row says so."""
+    with ag.registry_scope():
+        ag.register_rule("ref.masked_ce_wrong", ag.NanSafe())
+        ag.register_rule("ref.masked_ce_wrong", ag.Subgradient(op="softmax", when="result > 0", grad=0))
+        rows = [r for r in ag.verify(ag.autograd_group("ref.masked_ce_wrong")(_masked_ce), *_CE_POINT).rows
+                if r.instance and r.kind == "nan_safe"]
+    assert [r.status for r in rows] == [INCONSISTENT]
+
+
+def _softplus(z: torch.Tensor) -> torch.Tensor:
+    return torch.where(z < 20, torch.log1p(torch.exp(z)), z)
+
+
+_OVERFLOWS = torch.tensor([0.5, 3.0, 100.0])  # exp(100) is inf in float32 only
+
+
+def test_a_rule_at_a_point_special_only_in_float32_is_checked_against_float64() -> None:
+    """A NaN-safe softplus whose untaken branch overflows float32: in float64 the plain composite is
+    finite there and the rule changes nothing; in float32 the rule's gradient must be float64's."""
+    with ag.registry_scope():
+        ag.register_rule("ref.softplus", ag.NanSafe())
+        fn = ag.autograd_group("ref.softplus")(lambda z: _softplus(z).sum())
+        (row,) = ag.verify(fn, _OVERFLOWS).rows
+    # The untaken branch's slope is 1 at z = 100: the rule's value in float32, and float64's.
+    assert (row.status, row.reference, row.checked, row.index) == (CONSISTENT, FLOAT64, 1, [2])
+    assert (row.low, row.rule_value) == (1.0, 1.0)
+    assert "of float64 copies, where the point is not special" in explain(row)
+
+
+def test_a_wrong_rule_at_a_point_special_only_in_float32_is_inconsistent() -> None:
+    """log1p(exp(z)) at z = 100 in float32: exp's rule sets its derivative to 0 where it overflows,
+    and the gradient it gives, 0, is not float64's, 1 (the rule fires in float32 only)."""
+    with ag.registry_scope():
+        ag.register_rule("ref.softplus_wrong", ag.Subgradient(op="exp", when="result == inf", grad=0))
+        fn = ag.autograd_group("ref.softplus_wrong")(lambda z: torch.log1p(torch.exp(z)).sum())
+        (row,) = ag.verify(fn, _OVERFLOWS).rows
+    assert (row.status, row.reference, row.index, row.rule_value) == (INCONSISTENT, FLOAT64, [2], 0.0)
+
+
+def test_a_rule_at_a_float64_point_is_not_checked_against_itself() -> None:
+    """The same NaN-safe softplus given float64 inputs: nothing overflows, the rule changes nothing,
+    and there is no narrower dtype to check it in."""
+    with ag.registry_scope():
+        ag.register_rule("ref.softplus64", ag.NanSafe())
+        fn = ag.autograd_group("ref.softplus64")(lambda z: _softplus(z).sum())
+        (row,) = ag.verify(fn, _OVERFLOWS.double()).rows
+    assert (row.status, row.reason) == ("not checked", "no rule fired in its 1 instance(s)")

@@ -81,6 +81,26 @@ class Source:
                  and n.lineno <= line <= (n.end_lineno or n.lineno)]
         return max(found, key=lambda n: n.lineno, default=None)
 
+    def value_of(self, name: ast.expr, line: int) -> ast.expr | None:
+        """What the variable ``name`` holds on ``line``: the value of its one assignment earlier in
+        the same function (or at module level), where nothing that value reads is assigned again
+        before ``line``; None for anything else."""
+        if not isinstance(name, ast.Name):
+            return None
+        scope: ast.AST = self.innermost_function(line) or self.tree
+        kinds = (ast.Assign, ast.AugAssign, ast.AnnAssign)
+        assigned = [n for n in ast.walk(scope) if isinstance(n, kinds) and (n.end_lineno or n.lineno) < line]
+        targets = {id(n): {t.id for t in ast.walk(n) if isinstance(t, ast.Name)
+                           and isinstance(t.ctx, ast.Store)} for n in assigned}
+        setting = [n for n in assigned if name.id in targets[id(n)]]
+        if len(setting) != 1 or not isinstance(setting[0], ast.Assign) or len(setting[0].targets) != 1 \
+                or not isinstance(setting[0].targets[0], ast.Name):
+            return None
+        value = setting[0].value
+        read = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
+        later = [n for n in assigned if n.lineno > setting[0].lineno and read & targets[id(n)]]
+        return None if later else value
+
     def calls_on(self, line: int) -> list[ast.Call | ast.BinOp]:
         """The calls and binary operations (``x / y``) that start and end on ``line``, outermost
         first."""

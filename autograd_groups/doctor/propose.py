@@ -2,13 +2,17 @@
 replaying the bad step with it (:mod:`.check`):
 
 1. a native op with a hand-written backward, where the expression that made the born node is one
-   (a square root of a sum of squares: ``torch.linalg.vector_norm``; a log of a sum of exps:
-   ``torch.logsumexp``), kept only where the running release's backward is finite there;
+   (:data:`_REPLACEABLE`: ``torch.linalg.vector_norm``, ``logsumexp``, ``log_softmax``, ``xlogy``,
+   ``atan2``, ``F.normalize``); the check keeps it only where the running release's backward is
+   finite there;
 2. the matching ``ag.ops`` built-in;
 3. a group on the smallest enclosing function of the user's (a ``with`` block around a statement
    at module level) with its rule: ``NanSafe()`` for class A, a ``Subgradient`` whose condition
-   holds exactly at the born elements for class B;
-4. for a forward birth (class C), the forward rewrite, as advice.
+   holds exactly at the born elements for class B; for a forward birth of class A where the born
+   line passes a ``key_padding_mask`` (a fully padded sequence), first the rewrite that unmasks
+   such a sequence;
+4. for a forward birth (class C), 1 and 2 (a native op's forward makes no NaN: ``log_softmax``),
+   then the forward rewrite, as advice.
 
 A change is only proposed to a file of the user's own (in the script's folder), never to PyTorch's
 or a package's: a NaN born inside a library call is fixed by wrapping the call.
@@ -63,17 +67,21 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
     source = Source.read(born.file)
     if source is None:
         return [advice]
-    candidates: list[Candidate] = []
+    candidates = _natives(source, born)
+    last = [advice]
     if cls == "C":
-        rewrite = Proposal("rewrite", f"mask the argument of `{born.op}` before the op, at "
-                           f"{os.path.basename(born.file)}:{born.line} (e.g. torch.where(ok, x, 1) "
-                           "inside a log or a division), so that the forward makes no NaN or infinity",
-                           check="not applied: what the masked values should be is yours to say")
-        return [rewrite, advice]
-    candidates.extend(_natives(source, born))
-    rule = _rule(source, born, born_ran, cls)
-    if rule is not None:
-        candidates.append(rule)
+        # A native op whose forward makes no NaN is a forward rewrite, checked like the others.
+        last.insert(0, Proposal("rewrite", f"mask the argument of `{born.op}` before the op, at "
+                                f"{os.path.basename(born.file)}:{born.line} (e.g. torch.where(ok, x, 1) "
+                                "inside a log or a division), so that the forward makes no NaN or "
+                                "infinity", check="not applied: what the masked values should be is "
+                                                  "yours to say"))
+    else:
+        if cls == "A" and born.phase == "forward":
+            candidates.extend(_unpadded(source, born))
+        rule = _rule(source, born, born_ran, cls)
+        if rule is not None:
+            candidates.append(rule)
     proposals = []
     for c in candidates:
         proposal = Proposal(c.kind, c.summary, c.edit.diff())
@@ -84,7 +92,7 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
         else:
             proposal.check = unchecked
         proposals.append(proposal)
-    return [*proposals, advice]
+    return [*proposals, *last]
 
 
 def _owned(path: str, script: str) -> bool:
@@ -97,18 +105,19 @@ def _owned(path: str, script: str) -> bool:
 
 def _natives(source: Source, born: Born) -> list[Candidate]:
     """A native op and the built-in for the expression on the born line, where it is one they
-    replace: a square root of a sum of squares (the Euclidean norm), a log of a sum of exps, or a
-    vector divided by its norm along a dimension."""
+    replace (:data:`_REPLACEABLE`)."""
     if born.line is None:
         return []
     for call in source.calls_on(born.line):
         for op, recognise, native, builtin, what in _REPLACEABLE:
-            found = recognise(call) if born.op == op else None
+            found = recognise(call, source) if born.op in op else None
             if found is None:
                 continue
             x, options = found
             candidates = []
             for kind, fn in (("native", native), ("builtin", builtin)):
+                if fn is None:
+                    continue
                 edit = Edit(source)
                 if kind == "builtin":
                     fn = f"{edit.import_library()}.ops.{builtin}"
@@ -119,7 +128,29 @@ def _natives(source: Source, born: Born) -> list[Candidate]:
     return []
 
 
-def _norm_of(call: ast.expr) -> tuple[ast.expr, str] | None:
+def _unpadded(source: Source, born: Born) -> list[Candidate]:
+    """For a sequence whose keys are all padded (its attention's softmax is 0/0, NaN, and its
+    output unused: class A), the forward rewrite: such a sequence attends to all its keys instead.
+    Where the born line passes a ``key_padding_mask`` that is a name or an attribute (evaluated
+    twice in the rewrite)."""
+    for call in source.calls_on(born.line or 0):
+        if not isinstance(call, ast.Call):
+            continue
+        for keyword in call.keywords:
+            mask = keyword.value
+            if keyword.arg != "key_padding_mask" or not isinstance(mask, (ast.Name, ast.Attribute)):
+                continue
+            edit = Edit(source)
+            text = source.segment(mask)
+            edit.replace(mask, f"{text} & ~{text}.all(-1, keepdim=True)")
+            return [Candidate("rewrite", f"a sequence whose keys are all padded attends to all of them "
+                                         f"instead (`{text} & ~{text}.all(-1, keepdim=True)`): its softmax "
+                                         f"is then no 0/0, and its output, which the loss does not use, "
+                                         f"is finite", edit)]
+    return []
+
+
+def _norm_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
     """``(x, ", dim=..., keepdim=...")`` where ``call`` is the square root of a sum of squares of x."""
     if not isinstance(call, ast.Call):
         return None
@@ -135,7 +166,7 @@ def _norm_of(call: ast.expr) -> tuple[ast.expr, str] | None:
     return x, _reduction(inner, keyword="dim")
 
 
-def _log_sum_exp_of(call: ast.expr) -> tuple[ast.expr, str] | None:
+def _log_sum_exp_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
     """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x."""
     if not isinstance(call, ast.Call):
         return None
@@ -152,13 +183,13 @@ def _log_sum_exp_of(call: ast.expr) -> tuple[ast.expr, str] | None:
     return (x, options) if options else None
 
 
-def _normalized(node: ast.expr) -> tuple[ast.expr, str] | None:
+def _normalized(node: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
     """``(x, ", dim=...")`` where ``node`` is ``x`` divided by its Euclidean norm along a dimension
     (a square root of a sum of squares, or ``x.norm(dim=...)``, ``torch.linalg.vector_norm(x, dim=...)``)."""
     if not isinstance(node, ast.BinOp) or not isinstance(node.op, ast.Div):
         return None
     x, norm = node.left, node.right
-    found = _norm_of(norm)
+    found = _norm_of(norm, source)
     if found is None and isinstance(norm, ast.Call) and isinstance(norm.func, ast.Attribute) \
             and norm.func.attr in ("norm", "vector_norm") and _euclidean(norm):
         operand = _unary(norm, norm.func.attr, extra=True)
@@ -169,6 +200,44 @@ def _normalized(node: ast.expr) -> tuple[ast.expr, str] | None:
         return None
     dim = [part for part in found[1].split(", ") if part.startswith("dim=")]
     return (x, f", {dim[0]}") if dim else None
+
+
+def _log_softmax_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
+    """``(x, ", dim=...")`` where ``call`` is the log of a softmax of x along a dimension, the
+    softmax written in the call or assigned to the variable it takes."""
+    if not isinstance(call, ast.Call):
+        return None
+    inner = _unary(call, "log")
+    if inner is None:
+        return None
+    softmax = inner if isinstance(inner, ast.Call) else source.value_of(inner, call.lineno)
+    if not isinstance(softmax, ast.Call) or not isinstance(softmax.func, ast.Attribute) \
+            or softmax.func.attr != "softmax":
+        return None
+    x = _unary(softmax, "softmax", extra=True)
+    if x is None:
+        return None
+    options = _reduction(softmax, keyword="dim")
+    return (x, options) if "dim=" in options else None
+
+
+def _x_log_y(node: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
+    """``(x, ", y")`` where ``node`` is ``x * log(y)`` or ``log(y) * x``."""
+    if not isinstance(node, ast.BinOp) or not isinstance(node.op, ast.Mult):
+        return None
+    for x, log in ((node.left, node.right), (node.right, node.left)):
+        y = _unary(log, "log") if isinstance(log, ast.Call) else None
+        if y is not None:
+            return x, f", {source.segment(y)}"
+    return None
+
+
+def _atan_of_ratio(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
+    """``(y, ", x")`` where ``call`` is ``atan(y / x)``."""
+    ratio = _unary(call, "atan") if isinstance(call, ast.Call) else None
+    if not isinstance(ratio, ast.BinOp) or not isinstance(ratio.op, ast.Div):
+        return None
+    return ratio.left, f", {source.segment(ratio.right)}"
 
 
 def _euclidean(call: ast.Call) -> bool:
@@ -191,16 +260,25 @@ def _reduction(call: ast.Call, keyword: str | None) -> str:
     return options
 
 
-#: Per born op, the expressions a native op replaces: the op, the recogniser, the native op, the
-#: built-in, and what each one's backward does there.
+#: The expressions a native op replaces: the born ops where they apply, the recogniser, the native
+#: op, the built-in (None: there is none), and what each one's backward does there.
 _REPLACEABLE = (
-    ("sqrt", _norm_of, "torch.linalg.vector_norm", "vector_norm",
+    (("sqrt",), _norm_of, "torch.linalg.vector_norm", "vector_norm",
      {"native": "a native op with a hand-written backward (0 where the norm is 0)",
       "builtin": "the built-in group, whose rule gives 0 where the norm is 0"}),
-    ("log", _log_sum_exp_of, "torch.logsumexp", "logsumexp",
+    (("log",), _log_sum_exp_of, "torch.logsumexp", "logsumexp",
      {"native": "a native op with a hand-written backward",
       "builtin": "the built-in group, whose gradient is 0 for a slice that is all -inf"}),
-    ("div", _normalized, "torch.nn.functional.normalize", "normalize",
+    (("log",), _log_softmax_of, "torch.log_softmax", None,
+     {"native": "a native op that never takes the log of an underflowed 0, with a hand-written "
+                "backward"}),
+    (("log", "mul"), _x_log_y, "torch.xlogy", "xlogy",
+     {"native": "a native op that is 0 where x is 0, with a hand-written backward",
+      "builtin": "the built-in group, with torch.xlogy's gradient where x is 0"}),
+    (("div", "atan"), _atan_of_ratio, "torch.atan2", "atan2",
+     {"native": "a native op with a hand-written backward, finite where x is 0",
+      "builtin": "the built-in group, with torch.atan2's gradient where x is 0"}),
+    (("div",), _normalized, "torch.nn.functional.normalize", "normalize",
      {"native": "a native op that divides by max(norm, eps): finite at a zero vector",
       "builtin": "the built-in group, with the native op's gradient at a zero vector"}),
 )

@@ -99,9 +99,10 @@ def _parameter_names(fn: Callable[..., Any], count: int) -> list[str]:
 
 
 def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any],
-             wanted: Callable[[torch.Tensor], bool]) -> Point:
-    """``fn(*args, **kwargs)`` as a function of float64 copies of its floating-point tensor arguments
-    that are ``wanted``; its other floating-point tensor arguments become float64 constants."""
+             wanted: Callable[[torch.Tensor], bool], dtype: torch.dtype | None = torch.float64) -> Point:
+    """``fn(*args, **kwargs)`` as a function of ``dtype`` copies of its floating-point tensor
+    arguments that are ``wanted``; its other floating-point tensor arguments become ``dtype``
+    constants. ``dtype=None`` keeps each tensor's own (the point as it was recorded)."""
     names = _parameter_names(fn, len(args))
     slots: list[int | str] = []
     inputs: list[torch.Tensor] = []
@@ -112,7 +113,7 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     for key, value, name in keyed:
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             continue
-        copy = value.detach().to(torch.float64).clone()
+        copy = value.detach().to(dtype or value.dtype).clone()
         if wanted(value):
             slots.append(key)
             inputs.append(copy)

@@ -200,8 +200,8 @@ def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | 
         return Verdict(NOT_CHECKED, f"the group ran under vmap, on a batch of inputs: check one of "
                                     f"them with ag.verify(fn, *args{', order=2' if order == 2 else ''})")
     with unobserved():
-        point = point_of(autograd_group(instance.name)(fn), args, kwargs,
-                         lambda t: id(t) in wanted)
+        grouped = autograd_group(instance.name)(fn)
+        point = point_of(grouped, args, kwargs, lambda t: id(t) in wanted)
         if not point.inputs:
             return Verdict(NOT_CHECKED, "none of its tensor inputs requires grad")
         if not any(x.numel() for x in point.inputs):
@@ -209,7 +209,8 @@ def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | 
             return Verdict(CONSISTENT)
         fired = verify.Fired(instance, rule, 0, rule.op if isinstance(rule, Subgradient) else "",
                              instance.where, index)
-        return verify.check_point(point, [fired], order, by_id=False, forward=forward)[0]
+        recorded = point_of(grouped, args, kwargs, lambda t: id(t) in wanted, dtype=None)
+        return verify.check_point(point, [fired], order, by_id=False, forward=forward, recorded=recorded)[0]
 
 
 def _range(low: float | None, high: float | None) -> str:

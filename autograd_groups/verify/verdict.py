@@ -26,6 +26,9 @@ END_TO_END = "end to end"
 #: one-sided finite differences of the function's value.
 LIMITS = "limits"
 DIFFERENCES = "finite differences"
+#: ... or, where the point is special only in the narrower dtype its inputs were recorded in (a
+#: float32 overflow), the automatic derivative of float64 copies, where it is not special.
+FLOAT64 = "float64"
 _COLORS = {CONSISTENT: "green", INCONSISTENT: "red", NOT_CHECKED: "yellow"}
 
 
@@ -41,8 +44,10 @@ class Row:
     input-gradient elements compared. At the element that differs most (``input``, ``index``,
     ``input_value``): the rule's value, the limits' range ``low`` to ``high``, how far outside it
     the rule's value lies (``difference``, 0 inside) and how far it may (``tolerance``), and the
-    ``reference`` those limits are of: :data:`LIMITS` (of the automatic derivative at nearby points)
-    or :data:`DIFFERENCES` (of the function's value, where the automatic gradient has no finite limit);
+    ``reference`` those limits are of: :data:`LIMITS` (of the automatic derivative at nearby points),
+    :data:`DIFFERENCES` (of the function's value, where the automatic gradient has no finite limit)
+    or :data:`FLOAT64` (the automatic derivative itself, in float64, where the point is special only
+    in the dtype its inputs were recorded in; the rules' value is the recorded dtype's there);
     ``differences``: how many of the ``checked`` elements were compared with finite differences.
     ``origin``: where the rule's value is not finite, the op that made it so, and whether that op is
     the rule's own (see :func:`~autograd_groups.verify.origin.nonfinite_origin`), else "".
@@ -114,7 +119,10 @@ def finding(row: Row) -> str:
         return f"{row.scope} (through the function given to ag.verify): {finding(replace(row, scope=''))}"
     if not row.checked:
         return f"{row.status}: {row.reason}"
-    if row.reference == DIFFERENCES:
+    if row.reference == FLOAT64:
+        limit = (f"the automatic {_what(row.order)} of float64 copies, where the point is not special, "
+                 f"is {_number(row.low)}")
+    elif row.reference == DIFFERENCES:
         what = "the finite differences of the function's value"
         limit = (f"{what} tend to {_number(row.low)}" if row.point == "smooth" else
                  f"{what} range over [{_number(row.low)}, {_number(row.high)}]")

@@ -10,6 +10,10 @@ own inputs; a ``with`` block or a ``tag`` is no function of its own, so its poin
 2. for each rule, the input-gradient elements it reaches: the backward again with a NaN where the
    rule changed elements, right after its rule site; the elements that turn NaN are the rule's;
 3. the automatic derivative, special cases off, at nearby points, its limits, and the comparison.
+
+Where a rule's elements reach no input gradient but the rules made one finite, those elements are
+compared; where a rule fires or changes something only in the recorded dtype (a float32 overflow),
+its derivative there is compared with float64's (:func:`_in_float64`).
 """
 
 from __future__ import annotations
@@ -37,13 +41,27 @@ from .compiled_check import compiled_row
 from .judge import MAX_DIFFERENCES, Judge, Judged
 from .origin import nonfinite_origin
 from .points import AtPoint, Point, Probe, differentiable, generator, outputs_of, point_of, seeded
-from .verdict import CONSISTENT, DIFFERENCES, END_TO_END, INCONSISTENT, LIMITS, NOT_CHECKED, Report, Row
+from .verdict import (
+    CONSISTENT,
+    DIFFERENCES,
+    END_TO_END,
+    FLOAT64,
+    INCONSISTENT,
+    LIMITS,
+    NOT_CHECKED,
+    Report,
+    Row,
+)
 
 #: How many instances of each group where a rule fired are checked, by default.
 MAX_INSTANCES = 5
 #: Why a rule is not checked where nothing it changed reaches a gradient of the differentiated
 #: inputs (an input that does not require grad took all of it).
 UNREACHED = "the elements it changed reach no input gradient"
+#: What a row checked where the elements a rule changed reach no input gradient, but the rules
+#: made the input gradient finite where the plain composite's is NaN.
+STOPPED = ("compared where the rules made the input gradient finite (the plain composite's is NaN "
+           "there): an exact zero factor on the way takes what the rule set (0 · x = 0)")
 
 
 @dataclass
@@ -182,7 +200,8 @@ def _check(instances: Sequence[GroupInstance], recorder: Recorder, order: int, m
         progress(done, total, instance.id)
         grouped = autograd_group(call.group)(call.fn)
         point = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad)
-        own = check_point(point, fired, order, by_id=False) if point.inputs else [
+        recorded = point_of(grouped, call.args, call.kwargs, lambda t: t.requires_grad, dtype=None)
+        own = check_point(point, fired, order, by_id=False, recorded=recorded) if point.inputs else [
             _row(f, order, NOT_CHECKED, "none of its tensor inputs requires grad") for f in fired]
         rows += own
         end_to_end += [(f, row) for f, row in zip(fired, own)]
@@ -277,10 +296,12 @@ def _summary(name: str, where: str, rule: Rule, order: int, reason: str) -> Row:
 
 
 def check_point(point: Point, fired: list[Fired], order: int, by_id: bool,
-                forward: bool = False) -> list[Row]:
+                forward: bool = False, recorded: Point | None = None) -> list[Row]:
     """Rows for ``fired`` at ``point``: the recorded instances are found again in the point's run
     as its first instance (a decorator group's own call), or ``by_id`` (``fn`` as a whole).
-    ``forward``: the rules' Hessian-vector product is taken by forward mode over the backward."""
+    ``forward``: the rules' Hessian-vector product is taken by forward mode over the backward.
+    ``recorded``: the point in the dtypes it was recorded in, for a rule that changes nothing in
+    float64 (:func:`_in_float64`)."""
     probe = Probe(point, order, forward)
     try:
         at = probe.at_point()
@@ -292,13 +313,13 @@ def check_point(point: Point, fired: list[Fired], order: int, by_id: bool,
         if samples is None:
             return [_row(f, order, NOT_CHECKED, f"it raised at every nearby point: {probe.error!r}")
                     for f in fired]
-        return _rows(point, fired, order, by_id, at, Judge(probe, samples))
+        return _rows(point, fired, order, by_id, at, Judge(probe, samples), recorded)
     finally:
         at.recorder.release()
 
 
 def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint,
-          judge: Judge) -> list[Row]:
+          judge: Judge, recorded: Point | None) -> list[Row]:
     rows = []
     for f in fired:
         again = at.instances.get(f.instance.id) if by_id else at.first
@@ -307,25 +328,66 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
             continue
         reached = _reached(f, again, at)
         if reached is None:
-            rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
-                                                    "float64 copies (a special point made by float32's "
-                                                    "rounding or range)"))
+            found = _in_float64(f, order, recorded, at.value) if recorded is not None else None
+            rows.append(found or _row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on "
+                                                             "their float64 copies (a special point made "
+                                                             "by float32's rounding or range)"))
         elif not bool(reached.any()):
-            reason = UNREACHED
-            if bool(at.nan.any()):
-                reason += (f" that is not NaN with the rules on (NaN e.g. at "
-                           f"{point.element(int(at.nan.nonzero()[0, 0]))[0]})")
-            elif bool((at.changed > 0).any()):
-                # The rules changed the input gradient (the plain composite's NaN stopped where it
-                # was made), but no value set there matters: a zero factor on the way takes it.
-                reason += (f": an exact zero factor on the way takes what it set (0 · x = 0), so no "
-                           f"value there could change them; without the rules the plain composite's "
-                           f"NaN reaches them (e.g. {point.element(int(at.changed.nonzero()[0, 0]))[0]})")
-            rows.append(_row(f, order, NOT_CHECKED, reason))
+            rows.append(_unreached(f, order, point, at, judge, recorded))
         else:
             rows.append(_verdict(f, order, point, at, judge.compare(at.value, reached), reached,
                                      judge.probe))
     return rows
+
+
+def _unreached(f: Fired, order: int, point: Point, at: AtPoint, judge: Judge,
+               recorded: Point | None) -> Row:
+    """The row of a rule none of whose changed elements reaches an input gradient at ``point``."""
+    if bool(at.nan.any()):
+        return _row(f, order, NOT_CHECKED, f"{UNREACHED} that is not NaN with the rules on (NaN e.g. "
+                                           f"at {point.element(int(at.nan.nonzero()[0, 0]))[0]})")
+    stopped = at.changed > 0
+    if bool(stopped.any()):
+        # The rules stopped the plain composite's NaN where it was made, and no value they set there
+        # matters (a zero factor on the way takes it): what they changed is the input gradient
+        # where that NaN went, and that is what is compared.
+        row = _verdict(f, order, point, at, judge.compare(at.value, stopped), stopped, judge.probe)
+        return dataclasses.replace(row, reason="; ".join(filter(None, [row.reason, STOPPED])))
+    found = _in_float64(f, order, recorded, at.value) if recorded is not None else None
+    return found or _row(f, order, NOT_CHECKED, UNREACHED)
+
+
+def _in_float64(f: Fired, order: int, recorded: Point, value: torch.Tensor) -> Row | None:
+    """The row of a rule that fires or changes nothing in float64, checked at the ``recorded`` point in its
+    own narrower dtypes, where the plain composite's derivative is not finite (an ``exp`` that
+    overflows float32 only, in the branch a ``where`` does not take): there the rules' derivative
+    must equal float64's ``value``, to the narrow dtype's precision (the square root of its
+    machine epsilon, relative to the largest derivative element). None where there is nothing to
+    compare: float64 inputs, a run that raised, no element the rules changed, or a float64
+    derivative that is not finite there either."""
+    narrow = [x.dtype for x in recorded.inputs if x.dtype != torch.float64]
+    if not narrow:
+        return None
+    probe = Probe(recorded, order)
+    try:
+        at = probe.at_point()
+    except Exception:  # the user's function, in its own dtypes: the row says it was not checked
+        return None
+    at.recorder.release()
+    fixed = at.changed > 0
+    if not bool(fixed.any()) or not bool(torch.isfinite(value[fixed]).all()):
+        return None
+    eps = max(torch.finfo(d).eps for d in narrow)
+    scale = max(1.0, float(value.abs().max()))
+    excess = (at.value.to(torch.float64) - value).abs()
+    tolerance = math.sqrt(eps) * scale
+    k = int(torch.where(fixed, excess.nan_to_num(nan=math.inf), -1.0).argmax())
+    status = CONSISTENT if float(excess[k]) <= tolerance else INCONSISTENT
+    name, index, input_value = recorded.element(k)
+    return _row(f, order, status, point="smooth", checked=int(fixed.sum()), difference=float(excess[k]),
+                tolerance=tolerance, rule_value=float(at.value[k]), low=float(value[k]),
+                high=float(value[k]), input=name, index=index, input_value=input_value,
+                reference=FLOAT64)
 
 
 def _reached(f: Fired, instance: GroupInstance, at: AtPoint) -> torch.Tensor | None:
