@@ -91,6 +91,30 @@ def test_a_log_of_a_softmax_gets_the_native_log_softmax_checked() -> None:
     assert new in native["diff"]
 
 
+@pytest.mark.parametrize("name", sorted(n for n, f in FOUND.items()
+                                         if f[0] in "ABC" and f[3] in ("sqrt", "log", "div")))
+def test_an_epsilon_is_shown_only_as_not_recommended_with_its_distortion(name: str) -> None:
+    """Where the born op takes an epsilon (sqrt, log, a division), the epsilon is shown, never
+    checked, with what the replay found and the slope it gives near the point."""
+    op = FOUND[name][3]
+    (shown,) = [p for p in report_of(name)["proposals"] if p["summary"].startswith("not recommended")]
+    assert (shown["kind"], shown["checked"]) == ("rewrite", False) and "+ 1e-12" in shown["diff"]
+    assert shown["check"].startswith("at the bad step") and "; but near the point, where" in shown["check"]
+    # The slope with each epsilon against the op's own, computed here from the op's formula.
+    at = {"sqrt": 1e-14, "log": 1e-7, "div": 1e-7}[op]
+    for eps in (1e-12, 1e-8):
+        ratio = {"sqrt": (at / (at + eps)) ** 0.5, "log": at / (at + eps), "div": (at / (at + eps)) ** 2}[op]
+        said = f"{1 / ratio:,.0f}×" if ratio < 0.1 else f"{1 / ratio:.2g}×" if ratio < 0.5 else \
+            f"{100 * (1 - ratio):.2g}%"
+        assert f"{eps:g} is {said} too small" in shown["check"], (said, shown["check"])
+    assert "with a clamp_min(1e-12) it is 0 below 1e-12" in shown["check"]
+
+
+def test_a_birth_at_another_op_gets_no_epsilon() -> None:
+    proposals = report_of("a_softplus_where.py")["proposals"]
+    assert not any(p["summary"].startswith("not recommended") for p in proposals)
+
+
 def _natively(expression: str, inputs: str, tmp_path: Path) -> list:
     script = tmp_path / "native.py"
     script.write_text(f"import torch\n{inputs}\n"
@@ -416,7 +440,7 @@ def test_a_fix_in_a_file_with_its_own_ag_imports_the_library_by_its_full_name(tm
                       "w = torch.nn.Parameter(torch.zeros(4))\n"
                       "rmse(w).backward()\n")
     report, _ = diagnose(str(script))
-    fixes = [p for p in report.proposals if p.diff]
+    fixes = [p for p in report.proposals if p.kind in ("builtin", "rule")]
     assert fixes and all("+import autograd_groups\n" in p.diff and " as ag" not in p.diff for p in fixes)
     assert all(p.checked for p in fixes if p.kind != "rule"), [p.check for p in fixes]
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import epsilon
 from .check import Baseline, check
 from .classify import CLASSES
 from .edits import Edit, Source, indentation
@@ -92,7 +93,30 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
         else:
             proposal.check = unchecked
         proposals.append(proposal)
+    if born.line is not None and born.op in epsilon.OPS:
+        found = epsilon.edit(source, born.line, born.op)
+        if found is not None:
+            proposals.append(_not_recommended(script, args, born, found, baseline, start,
+                                              check_them, unchecked))
     return [*proposals, *last]
+
+
+def _not_recommended(script: str, args: list[str], born: Born, found: tuple[Edit, str], baseline: Baseline,
+                     start: RandomState, check_them: bool, unchecked: str) -> Proposal:
+    """The epsilon, never called checked: the replay says what it does at the bad step, and the
+    slope near the point what it does elsewhere."""
+    edit, text = found
+    near = f"near the point, {epsilon.near_the_point(born.op)}"
+    if not check_them:
+        at_step = unchecked
+    elif os.path.abspath(script) != os.path.abspath(born.file or ""):
+        at_step = "the change is to another file than the script, which a replay does not run"
+    else:
+        passed, said = check(script, args, edit.text, baseline, start, rule=False)
+        at_step = "at the bad step it passes the check" if passed else f"at the bad step: {said}"
+    return Proposal("rewrite", f"not recommended: an epsilon, `{text}` (or a clamp), moves the function "
+                    f"everywhere to make its gradient finite at one point", edit.diff(), False,
+                    f"{at_step}; but {near}")
 
 
 def _owned(path: str, script: str) -> bool:
