@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import weakref
 from pathlib import Path
 
@@ -395,6 +396,45 @@ def test_a_script_with_anomaly_mode_on_is_diagnosed(tmp_path: Path) -> None:
     assert not torch.is_anomaly_enabled()  # the script's mode ends with it
 
 
+def test_a_fix_to_a_module_the_script_imports_is_checked(tmp_path: Path) -> None:
+    """The distance is written in a module of the user's beside the script: each fix changes that
+    file, and its check runs the script with the changed module imported in its place."""
+    (tmp_path / "geometry.py").write_text("def distance(a, b):\n"
+                                          "    return (a - b).pow(2).sum(-1).sqrt()\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "from geometry import distance\n"
+                      "w = torch.nn.Parameter(torch.ones(4, 2))\n"
+                      "distance(w, w.detach()).sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.file, report.born.line) == ("B", str(tmp_path / "geometry.py"), 2)
+    fixes = {p.kind: p for p in report.proposals}
+    # The module never imported torch: the native op's fix imports it.
+    assert "+import torch\n" in fixes["native"].diff
+    assert "+    return torch.linalg.vector_norm(a - b, dim=-1)" in fixes["native"].diff
+    assert all(fixes[kind].checked for kind in ("native", "builtin", "rule")), \
+        [p.check for p in report.proposals]
+    assert fixes["rewrite"].check.startswith("at the bad step it passes the check")
+    assert "geometry" not in sys.modules  # each run imported it anew, and forgot it
+
+
+def test_a_modules_state_starts_over_in_each_run(tmp_path: Path) -> None:
+    """A module of the user's keeps a count at its top level, which the script's steps advance: the
+    replay imports it anew, as a new process would, and the bad step goes bad again (it was class G
+    when the replay found the count already advanced)."""
+    (tmp_path / "state.py").write_text("seen = []\n")
+    script = tmp_path / "train.py"
+    script.write_text("import torch\n"
+                      "from state import seen\n"
+                      "w = torch.nn.Parameter(torch.ones(3))\n"
+                      "for step in range(6):\n"
+                      "    x = w * (0.0 if len(seen) == 3 else 1.0)\n"
+                      "    seen.append(step)\n"
+                      "    x.sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.step, report.cls, report.born.node, report.born.line) == (4, "B", "SqrtBackward0", 7)
+
+
 def test_in_a_training_loop_function_the_rule_goes_around_the_statement(tmp_path: Path) -> None:
     """A group's outputs are what its function returns: on ``main()``, which returns nothing and
     runs the backward, a group would hold no computation. The statement gets it, and it works."""
@@ -481,12 +521,14 @@ def test_the_optimizer_step_that_makes_parameters_non_finite_is_class_f(tmp_path
 
 
 def test_a_nan_that_does_not_recur_in_the_replay_is_class_g(tmp_path: Path) -> None:
-    (tmp_path / "once.py").write_text("seen = []\n")
+    """The script goes bad on its first run only: it leaves a file behind, which the replay finds
+    (state outside the process, which the doctor cannot reset)."""
     script = tmp_path / "flaky.py"
     script.write_text(
-        "import torch, once\n"
-        "once.seen.append(1)\n"
-        "x = torch.tensor([0.0 if len(once.seen) == 1 else 1.0], requires_grad=True)\n"
+        "import pathlib, torch\n"
+        "mark = pathlib.Path(__file__).with_name('ran')\n"
+        "x = torch.tensor([1.0 if mark.exists() else 0.0], requires_grad=True)\n"
+        "mark.touch()\n"
         "x.sqrt().sum().backward()\n")
     report, _ = diagnose(str(script))
     assert report.status == "found" and report.cls == "G" and report.born is None

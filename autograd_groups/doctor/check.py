@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 from dataclasses import dataclass
 
 import torch
@@ -37,16 +38,18 @@ class Baseline:
     second_order: bool
 
 
-def check(script: str, args: list[str], source: str, baseline: Baseline, start: RandomState,
+def check(script: str, args: list[str], file: str, text: str, baseline: Baseline, start: RandomState,
           rule: bool) -> tuple[bool, str]:
-    """Run ``source`` in place of ``script`` to the bad backward and judge it: (passed, what was
-    checked or why it failed)."""
+    """Run ``script`` to the bad backward with ``text`` in place of ``file`` (the script, or a module
+    of the user's it imports) and judge it: (passed, what was checked or why it failed)."""
+    same = os.path.abspath(file) == os.path.abspath(script)
     session = Session(stop_at=baseline.bad.index)
     recorder = Recorder(copies=MAX_INSTANCES)
     printed = io.StringIO()
     with registry_scope(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         with trace() as traced, recording(recorder):
-            done = run(script, args, session, start, source, eager=True)
+            done = run(script, args, session, start, text if same else None, eager=True,
+                       changed=None if same else {os.path.abspath(file): text})
         try:
             verdict = verify_check(traced.instances, recorder, 2 if baseline.second_order else 1,
                                    MAX_INSTANCES, "a group around a statement is checked through the run "

@@ -49,12 +49,12 @@ class Source:
                 names.add(node.asname or node.name.split(".")[0])
         return names
 
-    def alias(self) -> str | None:
-        """The name the file imports ``autograd_groups`` as, if it does."""
+    def alias(self, module: str = "autograd_groups") -> str | None:
+        """The name the file imports ``module`` as at its top level, if it does."""
         for node in self.tree.body:
             if isinstance(node, ast.Import):
                 for a in node.names:
-                    if a.name == "autograd_groups":
+                    if a.name == module:
                         return a.asname or a.name
         return None
 
@@ -148,14 +148,23 @@ class Edit:
         name = self.source.alias()
         if name is not None:
             return name
-        imports = [n for n in self.source.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        after = max((n.end_lineno or n.lineno) for n in imports) if imports else 0
         if ALIAS in self.source.names():
             # The file has an ``ag`` of its own: the library goes by its full name.
-            self.insert(after + 1, ["import autograd_groups"])
+            self._import("import autograd_groups")
             return "autograd_groups"
-        self.insert(after + 1, [f"import autograd_groups as {ALIAS}"])
+        self._import(f"import autograd_groups as {ALIAS}")
         return ALIAS
+
+    def import_torch(self) -> None:
+        """Import ``torch`` where the file does not (a module of helpers that only takes tensors),
+        for a change that calls it by that name."""
+        if self.source.alias("torch") != "torch" and "torch" not in self.source.names():
+            self._import("import torch")
+
+    def _import(self, statement: str) -> None:
+        imports = [n for n in self.source.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        after = max((n.end_lineno or n.lineno) for n in imports) if imports else 0
+        self.insert(after + 1, [statement])
 
     @property
     def text(self) -> str:

@@ -86,10 +86,9 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
     proposals = []
     for c in candidates:
         proposal = Proposal(c.kind, c.summary, c.edit.diff())
-        if check_them and os.path.abspath(script) == os.path.abspath(born.file):
-            proposal.checked, proposal.check = check(script, args, c.edit.text, baseline, start, c.rule)
-        elif check_them:
-            proposal.check = "the change is to another file than the script, which a replay does not run"
+        if check_them:
+            proposal.checked, proposal.check = check(script, args, born.file, c.edit.text, baseline, start,
+                                                     c.rule)
         else:
             proposal.check = unchecked
         proposals.append(proposal)
@@ -107,12 +106,10 @@ def _not_recommended(script: str, args: list[str], born: Born, found: tuple[Edit
     slope near the point what it does elsewhere."""
     edit, text = found
     near = f"near the point, {epsilon.near_the_point(born.op)}"
-    if not check_them:
+    if not check_them or born.file is None:
         at_step = unchecked
-    elif os.path.abspath(script) != os.path.abspath(born.file or ""):
-        at_step = "the change is to another file than the script, which a replay does not run"
     else:
-        passed, said = check(script, args, edit.text, baseline, start, rule=False)
+        passed, said = check(script, args, born.file, edit.text, baseline, start, rule=False)
         at_step = "at the bad step it passes the check" if passed else f"at the bad step: {said}"
     return Proposal("rewrite", f"not recommended: an epsilon, `{text}` (or a clamp), moves the function "
                     f"everywhere to make its gradient finite at one point", edit.diff(), False,
@@ -145,6 +142,8 @@ def _natives(source: Source, born: Born) -> list[Candidate]:
                 edit = Edit(source)
                 if kind == "builtin":
                     fn = f"{edit.import_library()}.ops.{builtin}"
+                else:
+                    edit.import_torch()
                 text = f"{fn}({source.segment(x)}{options})"
                 edit.replace(call, text)
                 candidates.append(Candidate(kind, f"{text}: {what[kind]}", edit))

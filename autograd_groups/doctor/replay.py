@@ -2,7 +2,8 @@
 instruments on, and once per proposed fix to check it.
 
 Each run starts from the same random state (torch's, Python's and NumPy's), so that a seeded or
-unseeded script makes the same steps again; a compiled function runs eagerly in a replay
+unseeded script makes the same steps again, and imports the script's own modules anew
+(:mod:`.modules`); a compiled function runs eagerly in a replay
 (``torch.compiler.set_stance("force_eager")``), where autograd nodes can be hooked.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import random
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +24,7 @@ from torch.overrides import handle_torch_function
 from .. import nodes
 from ..levels import passes_through
 from ..script import Exit, run_script
+from . import modules
 from .instruments import BackwardWatch, ForwardWatch, Ran
 from .session import Backward, Grads, Session, Stop
 
@@ -60,15 +63,17 @@ class Run:
 
 
 def run(path: str, args: list[str], session: Session, start: RandomState, source: str | None = None,
-        eager: bool = False) -> Run:
-    """Run the script under ``session`` from the random state ``start``; stop at the session's
-    backward."""
+        eager: bool = False, changed: dict[str, str] | None = None) -> Run:
+    """Run the script under ``session`` from the random state ``start``, its own modules imported
+    anew (``changed``: the text of some of them, by path; ``source``: the script's); stop at the
+    session's backward."""
     start.restore()
     distributed = torch.distributed.is_available()
     before = distributed and torch.distributed.is_initialized()
     code: Exit | None = None
+    folder = os.path.dirname(os.path.abspath(path))
     try:
-        with session.installed(), _stance("force_eager" if eager else None):
+        with session.installed(), _stance("force_eager" if eager else None), modules.fresh(folder, changed):
             code = run_script(path, args, source, passes=(Stop,))
     except Stop:
         pass
