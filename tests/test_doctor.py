@@ -141,14 +141,15 @@ _AT_ZERO = ("x = torch.tensor([0.0, 0.3], requires_grad=True)\n"
     ("torch.atan(y / x)", "torch.atan2(y, x)", "ag.ops.atan2(y, x)")])
 def test_x_log_y_and_atan_of_a_ratio_get_their_native_ops(expression: str, native: str, builtin: str,
                                                           tmp_path: Path) -> None:
-    """Each is proposed; the native op is called checked exactly where the running release's
-    backward is finite at the point (asked, not assumed), the built-in wherever its rule makes it so."""
+    """The native op is proposed, and checked, exactly where the running release's backward is
+    finite at the point (asked, not assumed); the built-in wherever its rule makes it so."""
     proposals = {p.kind: p for p in _natively(expression, _AT_ZERO, tmp_path)}
     x, y = torch.tensor([0.0, 0.3]), torch.tensor([0.0, 0.5])
     op = getattr(torch, native.split("(")[0].removeprefix("torch."))
     finite = _finite_grads(op, *((x, y) if "xlogy" in native else (y, x)))
-    assert f"+    return {native}" in proposals["native"].diff
-    assert proposals["native"].checked == finite, proposals["native"].check
+    assert ("native" in proposals) == finite
+    if finite:
+        assert f"+    return {native}" in proposals["native"].diff and proposals["native"].checked
     assert f"+    return {builtin}" in proposals["builtin"].diff and proposals["builtin"].checked
 
 

@@ -25,6 +25,8 @@ from .session import Backward, Grads, Leaves, Session
 #: How close a new gradient must be to the original where that was finite: float rounding of a
 #: native op against its composite, not a change of value.
 RTOL, ATOL = 1e-4, 1e-6
+#: How a check that found the gradients still not finite begins.
+STILL_NOT_FINITE = "gradients still not finite"
 
 
 @dataclass
@@ -89,7 +91,7 @@ def _compare(baseline: Baseline, leaves: Leaves, grads: Grads) -> str | None:
         if now is None:
             return f"the changed script gave no gradient for tensor {i} of shape {tuple(old.shape)}"
         if not bool(torch.isfinite(now).all()):
-            return (f"gradients still not finite: {int((~torch.isfinite(now)).sum())} elements of the "
+            return (f"{STILL_NOT_FINITE}: {int((~torch.isfinite(now)).sum())} elements of the "
                     f"tensor of shape {tuple(now.shape)}")
         kept = torch.isfinite(old)
         scale = float(old[kept].abs().max()) if bool(kept.any()) else 1.0

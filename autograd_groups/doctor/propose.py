@@ -3,7 +3,7 @@ replaying the bad step with it (:mod:`.check`):
 
 1. a native op with a hand-written backward, where the expression that made the born node is one
    (:data:`_REPLACEABLE`: ``torch.linalg.vector_norm``, ``logsumexp``, ``log_softmax``, ``xlogy``,
-   ``atan2``, ``F.normalize``); the check keeps it only where the running release's backward is
+   ``atan2``, ``F.normalize``), kept only where the check finds the running release's backward
    finite there;
 2. the matching ``ag.ops`` built-in;
 3. a group on the smallest enclosing function of the user's (a ``with`` block around a statement
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from . import epsilon
-from .check import Baseline, check
+from .check import STILL_NOT_FINITE, Baseline, check
 from .classify import CLASSES
 from .edits import Edit, Source, indentation
 from .frames import is_users
@@ -89,6 +89,8 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
         if check_them:
             proposal.checked, proposal.check = check(script, args, born.file, c.edit.text, baseline, start,
                                                      c.rule)
+            if c.kind == "native" and proposal.check.startswith(STILL_NOT_FINITE):
+                continue  # the running release's own backward is not finite there either
         else:
             proposal.check = unchecked
         proposals.append(proposal)
