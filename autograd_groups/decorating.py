@@ -32,6 +32,7 @@ def decorate(block: Callable[[], AbstractContextManager[Any]], fn: F) -> F:
     >>> gen = decorate(marked, numbers)()
     >>> next(gen), bool(inside), next(gen)
     (True, False, True)
+    >>> gen.close()  # in the block too: before the example's names are gone
     """
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
