@@ -111,6 +111,20 @@ def test_an_epsilon_is_shown_only_as_not_recommended_with_its_distortion(name: s
     assert "with a clamp_min(1e-12) it is 0 below 1e-12" in shown["check"]
 
 
+def test_of_two_ops_on_the_born_line_the_fix_goes_to_the_one_that_made_the_value(tmp_path: Path) -> None:
+    """Two logs on one line, the second of a 0: the epsilon goes into the second."""
+    script = tmp_path / "two.py"
+    script.write_text("import torch\n"
+                      "a = torch.nn.Parameter(torch.ones(3))\n"
+                      "b = torch.nn.Parameter(torch.tensor([1.0, 0.0, 2.0]))\n"
+                      "loss = torch.log(a).sum() + torch.log(b).sum()\n"
+                      "loss.backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.line, report.born.columns) == ("C", 4, (28, 40))
+    (shown,) = [p for p in report.proposals if p.summary.startswith("not recommended")]
+    assert "+loss = torch.log(a).sum() + torch.log(b + 1e-12).sum()" in shown.diff
+
+
 def test_a_birth_at_another_op_gets_no_epsilon() -> None:
     proposals = report_of("a_softplus_where.py")["proposals"]
     assert not any(p["summary"].startswith("not recommended") for p in proposals)

@@ -101,11 +101,22 @@ class Source:
         later = [n for n in assigned if n.lineno > setting[0].lineno and read & targets[id(n)]]
         return None if later else value
 
-    def calls_on(self, line: int) -> list[ast.Call | ast.BinOp]:
-        """The calls and binary operations (``x / y``) that start and end on ``line``, outermost
-        first."""
+    def calls_on(self, line: int, within: tuple[int, int] | None = None) -> list[ast.Call | ast.BinOp]:
+        r"""The calls and binary operations (``x / y``) that start and end on ``line``, outermost
+        first; with ``within`` (the columns of the call that made a value), those that hold it,
+        where any does: of two logs on a line, the one that made the value.
+
+        >>> source = Source("f.py", ["y = torch.log(p) + torch.log(1 - p)\n"],
+        ...                 ast.parse("y = torch.log(p) + torch.log(1 - p)"))
+        >>> [source.segment(c) for c in source.calls_on(1, within=(19, 35))]
+        ['torch.log(p) + torch.log(1 - p)', 'torch.log(1 - p)']
+        """
         calls = [n for n in ast.walk(self.tree) if isinstance(n, (ast.Call, ast.BinOp)) and n.lineno == line
                  and n.end_lineno == line]
+        if within is not None:
+            start, end = within
+            holding = [c for c in calls if c.col_offset <= start and end <= (c.end_col_offset or 0)]
+            calls = holding or calls
         return sorted(calls, key=lambda c: (c.col_offset, -(c.end_col_offset or 0)))
 
     def segment(self, node: ast.AST) -> str:

@@ -27,10 +27,11 @@ OPS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sqrt": torch.sqrt, "log": torch.log, "div": torch.reciprocal}
 
 
-def edit(source: Source, line: int, op: str) -> tuple[Edit, str] | None:
+def edit(source: Source, line: int, op: str, columns: tuple[int, int] | None) -> tuple[Edit, str] | None:
     """``source`` with :data:`EPSILONS`' first added to the argument of the ``op`` on ``line`` (a
-    division's denominator), and the sum written; None where the line has no such op."""
-    for node in source.calls_on(line):
+    division's denominator) that made the value (at ``columns``, where known), and the sum
+    written; None where the line has no such op."""
+    for node in source.calls_on(line, columns):
         argument = _argument(node, op)
         if argument is None:
             continue

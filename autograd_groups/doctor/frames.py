@@ -4,11 +4,12 @@ line that calls it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import sysconfig
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,11 +22,29 @@ _NOT_THE_USERS = tuple(sorted({os.path.abspath(p) + os.sep for p in (
 
 @dataclass(frozen=True)
 class Frame:
-    """A line of the user's code: ``file``, ``line`` and the enclosing ``function``."""
+    """A line of the user's code: ``file``, ``line`` and the enclosing ``function``; ``code`` and
+    ``offset``, the code object and the instruction running there, for :meth:`columns`."""
 
     file: str
     line: int
     function: str
+    code: types.CodeType | None = field(default=None, compare=False, repr=False)
+    offset: int = field(default=-1, compare=False, repr=False)
+
+    def columns(self) -> tuple[int, int] | None:
+        """Where on the line the call being made is: its first and last column (in UTF-8 bytes,
+        as ``ast`` counts them), or None where Python does not say.
+
+        >>> frame = user_frame()
+        >>> frame.columns()[0]
+        8
+        """
+        if self.code is None or self.offset < 0:
+            return None
+        position = next(itertools.islice(self.code.co_positions(), self.offset // 2, None), None)
+        if position is None or position[2] is None or position[3] is None or position[0] != self.line:
+            return None
+        return position[2], position[3]
 
 
 def is_users(filename: str) -> bool:
@@ -49,4 +68,4 @@ def user_frame(depth: int = 1) -> Frame | None:
         frame = frame.f_back
     if frame is None:
         return None
-    return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    return Frame(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, frame.f_code, frame.f_lasti)

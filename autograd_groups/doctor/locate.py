@@ -39,6 +39,8 @@ class Born:
     incoming: str | None
     order: int = 1
     total: int = 0
+    #: Where on the line the call that made it is (first and last column), where Python says.
+    columns: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"phase": self.phase, "node": self.node, "op": self.op, "file": self.file,
@@ -278,7 +280,7 @@ def _born(phase: str, node: str | None, op: str, frame: Frame | None, bad: torch
     indices = [list(map(int, i)) for i in bad.nonzero()[:SHOWN].tolist()]
     return Born(phase, node, op, None if frame is None else frame.file, None if frame is None else frame.line,
                 None if frame is None else frame.function, int(bad.sum()), indices, values, came, order,
-                bad.numel())
+                bad.numel(), None if frame is None else frame.columns())
 
 
 def born_mask(r: Ran) -> torch.Tensor:

@@ -95,7 +95,7 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
             proposal.check = unchecked
         proposals.append(proposal)
     if born.line is not None and born.op in epsilon.OPS:
-        found = epsilon.edit(source, born.line, born.op)
+        found = epsilon.edit(source, born.line, born.op, born.columns)
         if found is not None:
             proposals.append(_not_recommended(script, args, born, found, baseline, start,
                                               check_them, unchecked))
@@ -131,7 +131,7 @@ def _natives(source: Source, born: Born) -> list[Candidate]:
     replace (:data:`_REPLACEABLE`)."""
     if born.line is None:
         return []
-    for call in source.calls_on(born.line):
+    for call in source.calls_on(born.line, born.columns):
         for op, recognise, native, builtin, what in _REPLACEABLE:
             found = recognise(call, source) if born.op in op else None
             if found is None:
@@ -158,7 +158,7 @@ def _unpadded(source: Source, born: Born) -> list[Candidate]:
     output unused: class A), the forward rewrite: such a sequence attends to all its keys instead.
     Where the born line passes a ``key_padding_mask`` that is a name or an attribute (evaluated
     twice in the rewrite)."""
-    for call in source.calls_on(born.line or 0):
+    for call in source.calls_on(born.line or 0, born.columns):
         if not isinstance(call, ast.Call):
             continue
         for keyword in call.keywords:
