@@ -130,6 +130,20 @@ def test_a_birth_at_another_op_gets_no_epsilon() -> None:
     assert not any(p["summary"].startswith("not recommended") for p in proposals)
 
 
+def test_a_sum_of_squares_on_the_line_before_the_sqrt_gets_the_native_norm(tmp_path: Path) -> None:
+    script = tmp_path / "two_lines.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.zeros(4, 3))\n"
+                      "def length(v):\n"
+                      "    squares = (v ** 2).sum(-1)\n"
+                      "    return squares.sqrt()\n"
+                      "length(w).sum().backward()\n")
+    report, _ = diagnose(str(script))
+    native = report.proposals[0]
+    assert (report.cls, native.kind, native.checked) == ("B", "native", True), native.check
+    assert "+    return torch.linalg.vector_norm(v, dim=-1)" in native.diff
+
+
 def _natively(expression: str, inputs: str, tmp_path: Path) -> list:
     script = tmp_path / "native.py"
     script.write_text(f"import torch\n{inputs}\n"

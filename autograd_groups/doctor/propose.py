@@ -175,11 +175,17 @@ def _unpadded(source: Source, born: Born) -> list[Candidate]:
     return []
 
 
+def _through(node: ast.expr | None, source: Source, line: int) -> ast.expr | None:
+    """``node``, or where it is a variable, the value it was assigned earlier (:meth:`Source.value_of`)."""
+    return source.value_of(node, line) if isinstance(node, ast.Name) else node
+
+
 def _norm_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
-    """``(x, ", dim=..., keepdim=...")`` where ``call`` is the square root of a sum of squares of x."""
+    """``(x, ", dim=..., keepdim=...")`` where ``call`` is the square root of a sum of squares of x
+    (the sum written in the call, or assigned to the variable it takes)."""
     if not isinstance(call, ast.Call):
         return None
-    inner = _unary(call, "sqrt")
+    inner = _through(_unary(call, "sqrt"), source, call.lineno)
     if not isinstance(inner, ast.Call):
         return None
     summed = _unary(inner, "sum", extra=True)
@@ -192,10 +198,11 @@ def _norm_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
 
 
 def _log_sum_exp_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
-    """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x."""
+    """``(x, ", dim")`` where ``call`` is the log of a sum of exps of x (the sum in the call, or
+    assigned to the variable it takes)."""
     if not isinstance(call, ast.Call):
         return None
-    inner = _unary(call, "log")
+    inner = _through(_unary(call, "log"), source, call.lineno)
     if not isinstance(inner, ast.Call):
         return None
     summed = _unary(inner, "sum", extra=True)
@@ -232,10 +239,7 @@ def _log_softmax_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | No
     softmax written in the call or assigned to the variable it takes."""
     if not isinstance(call, ast.Call):
         return None
-    inner = _unary(call, "log")
-    if inner is None:
-        return None
-    softmax = inner if isinstance(inner, ast.Call) else source.value_of(inner, call.lineno)
+    softmax = _through(_unary(call, "log"), source, call.lineno)
     if not isinstance(softmax, ast.Call) or not isinstance(softmax.func, ast.Attribute) \
             or softmax.func.attr != "softmax":
         return None
