@@ -33,6 +33,7 @@ FOUND = {
     "a_masked_direction.py": ("A", "backward", "DivBackward0", "div", "directions"),
     "a_gradient_penalty.py": ("A", "backward", "PowBackward0", "pow", "energy"),
     "a_masked_logsumexp.py": ("A", "backward", "LogBackward0", "log", "log_partition"),
+    "a_masked_attention.py": ("A", "backward", "BmmBackward0", "bmm", "attend"),
     "b_gradient_penalty_norm.py": ("B", "backward", "SqrtBackward0", "sqrt", "gradient_norm"),
     "b_rmse_perfect_fit.py": ("B", "backward", "SqrtBackward0", "sqrt", "rmse"),
     "b_pairwise_distance.py": ("B", "backward", "SqrtBackward0", "sqrt", "spread"),
@@ -81,6 +82,15 @@ def test_the_doctor_finds_the_birth_and_its_class(name: str) -> None:
     if cls in ("C", "D", "E"):
         assert not any(p["checked"] for p in proposals if p["kind"] not in ("native", "builtin")), \
             "no gradient rule fixes a forward value"
+
+
+def test_a_mask_filled_with_minus_infinity_gets_the_finite_fill_checked() -> None:
+    """The NaN is born in the backward of the product with the values; the fix goes to the line
+    that filled the mask, the forward call that first made a non-finite value."""
+    rewrite = report_of("a_masked_attention.py")["proposals"][0]
+    assert (rewrite["kind"], rewrite["checked"]) == ("rewrite", True), rewrite["check"]
+    assert ('+    scores = scores.masked_fill(~keep[:, None, :], torch.finfo(scores.dtype).min)'
+            in rewrite["diff"])
 
 
 def test_a_log_of_a_softmax_gets_the_native_log_softmax_checked() -> None:

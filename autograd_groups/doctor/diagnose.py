@@ -15,6 +15,7 @@ from . import locate
 from .check import Baseline
 from .classify import Evidence, classify, huge
 from .instruments import Ran
+from .locate import Born
 from .propose import propose
 from .replay import Instrumented, RandomState, replay, run
 from .report import Appears, Diagnosis
@@ -65,20 +66,22 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
                             "(torch.compiler.set_stance('force_eager'))")
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         again, seen = replay(script, args, bad, start, eager=True)
-    born_ran = diagnose_step(report, again.session, seen, again.stopped)
+    born_ran, upstream = diagnose_step(report, again.session, seen, again.stopped)
     baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads,
                         any(b.create_graph for b in again.session.backwards))
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
-                               "checks were turned off")
+                               "checks were turned off", upstream)
     return report, Exit(0)
 
 
-def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, reproduced: bool) -> Ran | None:
+def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
+                  reproduced: bool) -> tuple[Ran | None, Born | None]:
     """Classify and locate the finding in the instrumented step ``seen`` (``reproduced``: the run
-    got to the bad backward again); the node where the backward birth is."""
+    got to the bad backward again); the node where the backward birth is, and the forward call
+    that first made a non-finite value (where one did: a mask's ``-inf``)."""
     if not reproduced or seen.backward is None or seen.backward.finite:
         report.cls = "G"
-        return None
+        return None, None
     found = locate.forward(seen.forward.calls, seen.roots)
     back = locate.backward(seen.ran)
     earlier = session.backwards[:-1]
@@ -126,4 +129,4 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented, repro
         born = report.born
         if born is None or (appears.node, appears.file, appears.line) != (born.node, born.file, born.line):
             report.appears = appears
-    return back.born
+    return back.born, None if reached is None else locate.born_forward(reached[0], reached[1])

@@ -46,10 +46,10 @@ def doctor() -> Iterator[Diagnosis]:
                 seen.forward.reset()
             return
         report.status, report.step = "found", backward.index
-        born_ran = diagnose_step(report, session, seen, True)
+        born_ran, upstream = diagnose_step(report, session, seen, True)
         baseline = Baseline(backward, session.last_leaves, session.last_grads, False)
         report.proposals = propose("", [], report, born_ran, baseline, RandomState.now(), check_them=False,
-                                   unchecked=NOT_REPLAYED)
+                                   unchecked=NOT_REPLAYED, upstream=upstream)
         session.around, session.after = None, None
         seen.forward.recording = False  # its mode leaves the stack with the block
 

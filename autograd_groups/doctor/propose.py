@@ -10,7 +10,8 @@ replaying the bad step with it (:mod:`.check`):
    at module level) with its rule: ``NanSafe()`` for class A, a ``Subgradient`` whose condition
    holds exactly at the born elements for class B; for a forward birth of class A where the born
    line passes a ``key_padding_mask`` (a fully padded sequence), first the rewrite that unmasks
-   such a sequence;
+   such a sequence, and where the step's first non-finite value is a ``masked_fill`` of ``-inf``,
+   the rewrite that fills the dtype's lowest finite number;
 4. for a forward birth (class C), 1 and 2 (a native op's forward makes no NaN: ``log_softmax``),
    then the forward rewrite, as advice.
 
@@ -53,11 +54,12 @@ NOT_REPLAYED = ("inside a running program the step cannot be replayed; run the s
 
 
 def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | None, baseline: Baseline,
-            start: RandomState, check_them: bool = True, unchecked: str = "") -> list[Proposal]:
+            start: RandomState, check_them: bool = True, unchecked: str = "",
+            upstream: Born | None = None) -> list[Proposal]:
     """The proposals for ``report``'s finding, each checked against ``baseline`` (the replayed
     step's gradients) by running ``script`` changed, unless ``check_them`` is False (then its check
     says ``unchecked``). ``script`` "" is a program that is no script: any file of the user's may be
-    changed."""
+    changed. ``upstream``: the forward call that first made a non-finite value in the step."""
     cls = report.cls or "G"
     advice = Proposal("advice", CLASSES[cls][1], check="advice: nothing to apply")
     born = report.born
@@ -80,6 +82,8 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
     else:
         if cls == "A" and born.phase == "forward":
             candidates.extend(_unpadded(source, born))
+        if cls == "A" and upstream is not None and _owned(upstream.file or "", script):
+            candidates.extend(_finite_fill(upstream))
         rule = _rule(source, born, born_ran, cls)
         if rule is not None:
             candidates.append(rule)
@@ -87,8 +91,8 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
     for c in candidates:
         proposal = Proposal(c.kind, c.summary, c.edit.diff())
         if check_them:
-            proposal.checked, proposal.check = check(script, args, born.file, c.edit.text, baseline, start,
-                                                     c.rule)
+            proposal.checked, proposal.check = check(script, args, c.edit.source.path, c.edit.text, baseline,
+                                                     start, c.rule)
             if c.kind == "native" and proposal.check.startswith(STILL_NOT_FINITE):
                 continue  # the running release's own backward is not finite there either
         else:
@@ -178,6 +182,58 @@ def _unpadded(source: Source, born: Born) -> list[Candidate]:
 def _through(node: ast.expr | None, source: Source, line: int) -> ast.expr | None:
     """``node``, or where it is a variable, the value it was assigned earlier (:meth:`Source.value_of`)."""
     return source.value_of(node, line) if isinstance(node, ast.Name) else node
+
+
+def _finite_fill(upstream: Born) -> list[Candidate]:
+    """For a softmax over a row that a ``masked_fill`` filled with ``-inf`` everywhere (0/0, NaN,
+    where the row is left out of the loss: class A), the forward rewrite: the fill value written as
+    the dtype's lowest finite number. A row that keeps an element gets the same softmax (the
+    filled elements' exponentials are 0 either way); a row that keeps none gets a finite one."""
+    source = Source.read(upstream.file or "")
+    if source is None or upstream.op != "masked_fill" or upstream.line is None:
+        return []
+    for call in source.calls_on(upstream.line, upstream.columns):
+        filled = _masked_fill_of(call)
+        if filled is None:
+            continue
+        tensor, value = filled
+        edit = Edit(source)
+        edit.import_torch()
+        text = f"torch.finfo({source.segment(tensor)}.dtype).min"
+        edit.replace(value, text)
+        return [Candidate("rewrite", f"fill with `{text}` rather than -inf: a row whose every element is "
+                                     f"filled then has a finite softmax, which the loss does not use, and "
+                                     f"every other row the same", edit)]
+    return []
+
+
+def _masked_fill_of(call: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``(tensor, value)`` where ``call`` is ``tensor.masked_fill(mask, value)`` (or ``torch.``'s)
+    with ``value`` minus infinity."""
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) \
+            or call.func.attr not in ("masked_fill", "masked_fill_"):
+        return None
+    if _is_torch(call.func.value):
+        tensor, rest = (call.args[0], call.args[1:]) if call.args else (None, [])
+    else:
+        tensor, rest = call.func.value, call.args
+    value = rest[1] if len(rest) > 1 else next((k.value for k in call.keywords if k.arg == "value"), None)
+    return (tensor, value) if tensor is not None and value is not None and _minus_infinity(value) else None
+
+
+def _minus_infinity(node: ast.expr) -> bool:
+    """``float("-inf")``, ``-float("inf")``, ``-math.inf``, ``-torch.inf``, ``-np.inf``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" \
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
+        return str(node.args[0].value).strip().lower() in ("-inf", "-infinity")
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = node.operand
+        if isinstance(inner, ast.Attribute) and inner.attr == "inf":
+            return True
+        return isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "float" \
+            and len(inner.args) == 1 and isinstance(inner.args[0], ast.Constant) \
+            and str(inner.args[0].value).strip().lower() in ("inf", "infinity")
+    return False
 
 
 def _norm_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
