@@ -98,7 +98,7 @@ def propose(script: str, args: list[str], report: Diagnosis, born_ran: Ran | Non
         else:
             proposal.check = unchecked
         proposals.append(proposal)
-    if born.line is not None and born.op in epsilon.OPS:
+    if born.op in epsilon.OPS:
         found = epsilon.edit(source, born.line, born.op, born.columns)
         if found is not None:
             proposals.append(_not_recommended(script, args, born, found, baseline, start,
@@ -112,10 +112,10 @@ def _not_recommended(script: str, args: list[str], born: Born, found: tuple[Edit
     slope near the point what it does elsewhere."""
     edit, text = found
     near = f"near the point, {epsilon.near_the_point(born.op)}"
-    if not check_them or born.file is None:
+    if not check_them:
         at_step = unchecked
     else:
-        passed, said = check(script, args, born.file, edit.text, baseline, start, rule=False)
+        passed, said = check(script, args, edit.source.path, edit.text, baseline, start, rule=False)
         at_step = "at the bad step it passes the check" if passed else f"at the bad step: {said}"
     return Proposal("rewrite", f"not recommended: an epsilon, `{text}` (or a clamp), moves the function "
                     f"everywhere to make its gradient finite at one point", edit.diff(), False,
