@@ -497,6 +497,21 @@ def test_in_a_training_loop_function_the_rule_goes_around_the_statement(tmp_path
     assert "ag.verify did not check the rule (first order): a group around a statement" in rule.check
 
 
+def test_a_statement_that_runs_the_backward_gets_its_loss_grouped_before_it(tmp_path: Path) -> None:
+    """A group's rules are set when its block ends: around ``E.backward()`` the backward would run
+    inside the block, before them. The loss is computed in the block, and its backward after."""
+    script = tmp_path / "oneline.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.zeros(3))\n"
+                      "loss = 1.0\n"
+                      "(w * 2).sqrt().sum().backward()\n")
+    report, _ = diagnose(str(script))
+    rule = next(p for p in report.proposals if p.kind == "rule")
+    split = '+with ag.autograd_group("loss1"):\n+    loss1 = (w * 2).sqrt().sum()\n+loss1.backward()'
+    assert split in rule.diff
+    assert "gradients finite, equal to the original's" in rule.check
+
+
 def test_a_lambda_is_wrapped_where_it_is_defined(tmp_path: Path) -> None:
     """A with block around a lambda's definition would hold nothing: the lambda is the group."""
     script = tmp_path / "lam.py"

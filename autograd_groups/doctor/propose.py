@@ -445,11 +445,17 @@ def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | 
         statement, top = source.simple_statement(born.line), source.top_statement(born.line)
         if statement is None or top is None:
             return None
-        name = _statement_name(statement, born.line)
+        loss = _backward_of(statement)
+        name = _fresh(source, "loss") if loss is not None else _statement_name(statement, born.line)
         edit.insert(top.lineno, [f'{ag}.register_rule("{name}", {rule})'])
-        opening = f'{indentation(source, statement.lineno)}with {ag}.autograd_group("{name}"):'
-        edit.insert(statement.lineno, [opening])
-        edit.indent(statement.lineno, statement.end_lineno or statement.lineno)
+        indent = indentation(source, statement.lineno)
+        edit.insert(statement.lineno, [f'{indent}with {ag}.autograd_group("{name}"):'])
+        if loss is not None:
+            # The group must end before the backward runs: its rules are set when the block ends.
+            edit.insert(statement.lineno, [f"{indent}    {name} = {source.segment(loss)}"])
+            edit.replace(loss, name)
+        else:
+            edit.indent(statement.lineno, statement.end_lineno or statement.lineno)
         summary = f"group {name!r} around line {statement.lineno} with {rule}: {what}"
     return Candidate("rule", summary, edit, rule=True)
 
@@ -469,6 +475,22 @@ def _qualified(source: Source, function: ast.FunctionDef | ast.AsyncFunctionDef)
         if isinstance(node, ast.ClassDef) and function in node.body:
             return f"{node.name}.{function.name}"
     return function.name
+
+
+def _backward_of(statement: ast.stmt) -> ast.expr | None:
+    """``E`` where ``statement`` is ``E.backward(...)`` on one line."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) \
+            or call.func.attr != "backward":
+        return None
+    loss = call.func.value
+    return loss if loss.lineno == loss.end_lineno == statement.lineno else None
+
+
+def _fresh(source: Source, name: str) -> str:
+    """``name``, or with a number after it, that the file does not use."""
+    names = source.names()
+    return next(f"{name}{i or ''}" for i in range(len(names) + 1) if f"{name}{i or ''}" not in names)
 
 
 def _statement_name(statement: ast.stmt, line: int) -> str:
