@@ -93,6 +93,19 @@ def test_a_mask_filled_with_minus_infinity_gets_the_finite_fill_checked() -> Non
             in rewrite["diff"])
 
 
+def test_a_where_that_fills_minus_infinity_gets_the_finite_fill_checked(tmp_path: Path) -> None:
+    shutil.copy(CORPUS / "dump.py", tmp_path)
+    script = tmp_path / "where_attention.py"
+    script.write_text((CORPUS / "a_masked_attention.py").read_text().replace(
+        'scores = scores.masked_fill(~keep[:, None, :], float("-inf"))',
+        'scores = torch.where(keep[:, None, :], scores, -float("inf"))'))
+    report, _ = diagnose(str(script))
+    rewrite = report.proposals[0]
+    assert (report.cls, rewrite.kind, rewrite.checked) == ("A", "rewrite", True), rewrite.check
+    finite = "torch.finfo(scores.dtype).min"
+    assert f"+    scores = torch.where(keep[:, None, :], scores, {finite})" in rewrite.diff
+
+
 def test_a_log_of_a_softmax_gets_the_native_log_softmax_checked() -> None:
     """The softmax is assigned on the line before the log: the native op takes its input."""
     native, rewrite = report_of("c_log_of_softmax.py")["proposals"][:2]

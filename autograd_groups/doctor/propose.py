@@ -185,15 +185,16 @@ def _through(node: ast.expr | None, source: Source, line: int) -> ast.expr | Non
 
 
 def _finite_fill(upstream: Born) -> list[Candidate]:
-    """For a softmax over a row that a ``masked_fill`` filled with ``-inf`` everywhere (0/0, NaN,
-    where the row is left out of the loss: class A), the forward rewrite: the fill value written as
-    the dtype's lowest finite number. A row that keeps an element gets the same softmax (the
-    filled elements' exponentials are 0 either way); a row that keeps none gets a finite one."""
+    """For a softmax over a row that a ``masked_fill`` or a ``where`` filled with ``-inf``
+    everywhere (0/0, NaN, where the row is left out of the loss: class A), the forward rewrite: the
+    fill value written as the dtype's lowest finite number. A row that keeps an element gets the
+    same softmax (the filled elements' exponentials are 0 either way); a row that keeps none gets a
+    finite one."""
     source = Source.read(upstream.file or "")
-    if source is None or upstream.op != "masked_fill" or upstream.line is None:
+    if source is None or upstream.op not in ("masked_fill", "where") or upstream.line is None:
         return []
     for call in source.calls_on(upstream.line, upstream.columns):
-        filled = _masked_fill_of(call)
+        filled = _filled_with_minus_infinity(call)
         if filled is None:
             continue
         tensor, value = filled
@@ -207,11 +208,18 @@ def _finite_fill(upstream: Born) -> list[Candidate]:
     return []
 
 
-def _masked_fill_of(call: ast.expr) -> tuple[ast.expr, ast.expr] | None:
-    """``(tensor, value)`` where ``call`` is ``tensor.masked_fill(mask, value)`` (or ``torch.``'s)
-    with ``value`` minus infinity."""
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) \
-            or call.func.attr not in ("masked_fill", "masked_fill_"):
+def _filled_with_minus_infinity(call: ast.expr) -> tuple[ast.expr, ast.expr] | None:
+    """``(tensor, value)`` where ``call`` fills ``tensor`` with minus infinity, ``value``:
+    ``tensor.masked_fill(mask, value)`` (or ``torch.``'s), ``torch.where(keep, tensor, value)``
+    (either way round)."""
+    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
+        return None
+    if call.func.attr == "where" and _is_torch(call.func.value) and len(call.args) == 3:
+        first, second = call.args[1:]
+        if _minus_infinity(second):
+            return first, second
+        return (second, first) if _minus_infinity(first) else None
+    if call.func.attr != "masked_fill":
         return None
     if _is_torch(call.func.value):
         tensor, rest = (call.args[0], call.args[1:]) if call.args else (None, [])
