@@ -470,6 +470,23 @@ def test_a_fix_to_a_module_the_script_imports_is_checked(tmp_path: Path) -> None
     assert "geometry" not in sys.modules  # each run imported it anew, and forgot it
 
 
+def test_a_package_installed_in_the_scripts_folder_is_not_imported_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A virtual environment inside the project's folder: its packages are not the user's (an
+    extension module cannot be imported twice in one process), and stay imported."""
+    from autograd_groups.doctor import modules
+
+    (tmp_path / "installed_here.py").write_text("value = 1\n")
+    (tmp_path / "mine.py").write_text("value = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(modules, "is_users", lambda file: not file.endswith("installed_here.py"))
+    with modules.fresh(str(tmp_path)):
+        import installed_here  # noqa: F401
+        import mine  # noqa: F401
+    assert "installed_here" in sys.modules and "mine" not in sys.modules
+    del sys.modules["installed_here"]
+
+
 def test_a_modules_state_starts_over_in_each_run(tmp_path: Path) -> None:
     """A module of the user's keeps a count at its top level, which the script's steps advance: the
     replay imports it anew, as a new process would, and the bad step goes bad again (it was class G

@@ -14,12 +14,15 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
+from .frames import is_users
+
 
 @contextlib.contextmanager
 def fresh(folder: str, changed: dict[str, str] | None = None) -> Iterator[None]:
     """Run the block with the modules of ``folder`` (the script's) imported from ``changed`` where
-    it holds their file's text (by absolute path); afterwards, forget the modules the block
-    imported from the folder, so that the next run imports them anew.
+    it holds their file's text (by absolute path); afterwards, forget the user's modules the block
+    imported from the folder (not PyTorch's, this library's or an installed package's, wherever
+    they are), so that the next run imports them anew.
 
     >>> import pathlib, tempfile
     >>> folder = tempfile.mkdtemp()
@@ -40,7 +43,9 @@ def fresh(folder: str, changed: dict[str, str] | None = None) -> Iterator[None]:
         sys.meta_path.remove(finder)
         for name in set(sys.modules) - before:
             file = getattr(sys.modules.get(name), "__file__", None)
-            if file and _inside(os.path.abspath(file), folder):
+            # Not a package installed there (a virtual environment in the project's folder): an
+            # extension module cannot be imported twice in one process.
+            if file and is_users(file) and _inside(os.path.abspath(file), folder):
                 del sys.modules[name]
 
 
