@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 import autograd_groups as ag
+from autograd_groups.verify.points import point_of
 from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, FLOAT64, INCONSISTENT, LIMITS, explain
+from autograd_groups.verify.verify import ROUNDING, Fired, _in_float64
 
 F64 = torch.float64
 
@@ -219,14 +221,38 @@ def test_a_rule_at_a_point_special_only_in_float32_is_checked_against_float64() 
     assert "of float64 copies, where the point is not special" in explain(row)
 
 
-def test_a_wrong_rule_at_a_point_special_only_in_float32_is_inconsistent() -> None:
-    """log1p(exp(z)) at z = 100 in float32: exp's rule sets its derivative to 0 where it overflows,
-    and the gradient it gives, 0, is not float64's, 1 (the rule fires in float32 only)."""
+def test_a_rule_value_other_than_float64s_is_inconsistent() -> None:
+    """The comparison itself, given a float64 derivative that is not the rule's: the NaN-safe
+    softplus's slope 1 at z = 100 against a float64 value of 0.5 there."""
     with ag.registry_scope():
-        ag.register_rule("ref.softplus_wrong", ag.Subgradient(op="exp", when="result == inf", grad=0))
-        fn = ag.autograd_group("ref.softplus_wrong")(lambda z: torch.log1p(torch.exp(z)).sum())
-        (row,) = ag.verify(fn, _OVERFLOWS).rows
-    assert (row.status, row.reference, row.index, row.rule_value) == (INCONSISTENT, FLOAT64, [2], 0.0)
+        ag.register_rule("ref.softplus_cmp", ag.NanSafe())
+        fn = ag.autograd_group("ref.softplus_cmp")(lambda z: _softplus(z).sum())
+        with ag.trace() as session:
+            fn(_OVERFLOWS.clone().requires_grad_()).backward()
+        (instance,) = session.instances
+        rule = instance.rules.rules[0]
+        fired = Fired(instance, rule, 1, "exp", instance.where)
+        wide = point_of(fn, [_OVERFLOWS], {}, lambda t: True)
+        recorded = point_of(fn, [_OVERFLOWS], {}, lambda t: True, dtype=None)
+        right = _in_float64(fired, 1, wide, recorded, torch.tensor([0.62, 0.95, 1.0], dtype=torch.float64))
+        wrong = _in_float64(fired, 1, wide, recorded, torch.tensor([0.62, 0.95, 0.5], dtype=torch.float64))
+    assert right is not None and wrong is not None
+    assert (right.status, wrong.status, wrong.index, wrong.rule_value) == (CONSISTENT, INCONSISTENT, [2], 1.0)
+
+
+@pytest.mark.parametrize("rule, fn, point", [
+    # A length whose squares underflow float32: 0 there, not at its float64 copies.
+    (ag.Subgradient(op="sqrt", when="result == 0", grad=0), lambda v: v.pow(2).sum().sqrt(),
+     torch.tensor([1e-23, 0.0])),
+    # exp(-z) underflows and exp(z) overflows float32: the value is NaN there, 111 in float64.
+    (ag.NanSafe(), lambda z: (torch.exp(-z) * torch.exp(z) + z).sum(), torch.tensor([1.0, 110.0]))])
+def test_a_rule_at_a_point_that_float32_moves_is_not_checked(rule: ag.Rule, fn, point: torch.Tensor) -> None:
+    """Where float32's range changes the function's value, its float64 copies are another point: the
+    rule is right or wrong for float32's point, and float64 does not tell which."""
+    with ag.registry_scope():
+        ag.register_rule("ref.moved", rule)
+        (row,) = ag.verify(ag.autograd_group("ref.moved")(fn), point).rows
+    assert row.status == "not checked" and row.reason.endswith(ROUNDING[ROUNDING.index(" (a special"):])
 
 
 def test_a_rule_at_a_float64_point_is_not_checked_against_itself() -> None:

@@ -472,6 +472,26 @@ class Probe:
         return found
 
 
+def same_values(wide: Point, narrow: Point) -> bool:
+    """Whether the function's outputs at ``narrow`` (the point in its recorded, narrower dtypes) are
+    its outputs at ``wide`` (float64 copies), each element within the square root of the narrow
+    dtype's machine epsilon of float64's, relatively; infinities equal, no NaN. Where they are not
+    (a length whose squares underflow float32 is 0 there), the recorded point is another point of
+    the function than its float64 copies."""
+    with flag.restored(flag.FlagState(False)), tracer.hidden():
+        found = [Probe(p, 1)._run(p.inputs)[1] for p in (wide, narrow)]
+    if len(found[0]) != len(found[1]):
+        return False
+    for exact, rounded in zip(*found):
+        eps = torch.finfo(rounded.dtype).eps
+        exact, rounded = exact.detach(), rounded.detach().to(exact.dtype)
+        finite = torch.isfinite(exact)
+        close = (rounded - exact).abs() <= math.sqrt(eps) * exact.abs()
+        if not bool(torch.where(finite, close, rounded == exact).all()):
+            return False
+    return True
+
+
 def _project(outputs: list[torch.Tensor], weights: list[torch.Tensor]) -> torch.Tensor:
     return sum(((o * w).sum() for o, w in zip(outputs, weights)), torch.zeros((), dtype=torch.float64))
 

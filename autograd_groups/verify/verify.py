@@ -12,8 +12,8 @@ own inputs; a ``with`` block or a ``tag`` is no function of its own, so its poin
 3. the automatic derivative, special cases off, at nearby points, its limits, and the comparison.
 
 Where a rule's elements reach no input gradient but the rules made one finite, those elements are
-compared; where a rule fires or changes something only in the recorded dtype (a float32 overflow),
-its derivative there is compared with float64's (:func:`_in_float64`).
+compared; where a rule changes something only in the recorded dtype (a float32 overflow), its
+derivative there is compared with float64's (:func:`_in_float64`).
 """
 
 from __future__ import annotations
@@ -34,13 +34,23 @@ from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import counters, tracer
 from ..observe.recording import Call, Recorder, recording
-from ..rules.kinds import Override, Rule, Subgradient
+from ..rules.kinds import NanSafe, Override, Rule, Subgradient
 from ..sites import second_order
 from . import limits
 from .compiled_check import compiled_row
 from .judge import MAX_DIFFERENCES, Judge, Judged
 from .origin import nonfinite_origin
-from .points import AtPoint, Point, Probe, differentiable, generator, outputs_of, point_of, seeded
+from .points import (
+    AtPoint,
+    Point,
+    Probe,
+    differentiable,
+    generator,
+    outputs_of,
+    point_of,
+    same_values,
+    seeded,
+)
 from .verdict import (
     CONSISTENT,
     DIFFERENCES,
@@ -58,6 +68,10 @@ MAX_INSTANCES = 5
 #: Why a rule is not checked where nothing it changed reaches a gradient of the differentiated
 #: inputs (an input that does not require grad took all of it).
 UNREACHED = "the elements it changed reach no input gradient"
+#: Why a rule that changed elements on the recorded inputs is not checked where it changes nothing
+#: on their float64 copies, and the float64 derivative is no reference (:func:`_in_float64`).
+ROUNDING = ("it changed elements on the recorded inputs but none on their float64 copies (a special "
+            "point made by float32's rounding or range)")
 #: What a row checked where the elements a rule changed reach no input gradient, but the rules
 #: made the input gradient finite where the plain composite's is NaN.
 STOPPED = ("compared where the rules made the input gradient finite (the plain composite's is NaN "
@@ -328,10 +342,11 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
             continue
         reached = _reached(f, again, at)
         if reached is None:
-            found = _in_float64(f, order, recorded, at.value) if recorded is not None else None
-            rows.append(found or _row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on "
-                                                             "their float64 copies (a special point made "
-                                                             "by float32's rounding or range)"))
+            # Not compared with float64: there the rule's condition does not hold, and a rule that is
+            # right where it holds (a length that underflows to 0) would be called wrong.
+            rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
+                                                    "float64 copies (a special point made by float32's "
+                                                    "rounding or range)"))
         elif not bool(reached.any()):
             rows.append(_unreached(f, order, point, at, judge, recorded))
         else:
@@ -353,20 +368,29 @@ def _unreached(f: Fired, order: int, point: Point, at: AtPoint, judge: Judge,
         # where that NaN went, and that is what is compared.
         row = _verdict(f, order, point, at, judge.compare(at.value, stopped), stopped, judge.probe)
         return dataclasses.replace(row, reason="; ".join(filter(None, [row.reason, STOPPED])))
-    found = _in_float64(f, order, recorded, at.value) if recorded is not None else None
-    return found or _row(f, order, NOT_CHECKED, UNREACHED)
+    found = _in_float64(f, order, point, recorded, at.value) if recorded is not None else None
+    narrow = recorded is not None and any(x.dtype != torch.float64 for x in recorded.inputs)
+    return found or _row(f, order, NOT_CHECKED, ROUNDING if narrow else UNREACHED)
 
 
-def _in_float64(f: Fired, order: int, recorded: Point, value: torch.Tensor) -> Row | None:
-    """The row of a rule that fires or changes nothing in float64, checked at the ``recorded`` point in its
-    own narrower dtypes, where the plain composite's derivative is not finite (an ``exp`` that
-    overflows float32 only, in the branch a ``where`` does not take): there the rules' derivative
+def _in_float64(f: Fired, order: int, point: Point, recorded: Point, value: torch.Tensor) -> Row | None:
+    """The row of a NaN-safe rule that changes nothing at ``point`` (float64), checked at the
+    ``recorded`` point in its own narrower dtypes, where the plain composite's derivative is not
+    finite (an ``exp`` that overflows float32 only, in the branch a ``where`` does not take): there
+    the rules' derivative
     must equal float64's ``value``, to the narrow dtype's precision (the square root of its
     machine epsilon, relative to the largest derivative element). None where there is nothing to
-    compare: float64 inputs, a run that raised, no element the rules changed, or a float64
-    derivative that is not finite there either."""
+    compare: another rule than NaN-safe (its condition is the user's), float64 inputs, outputs
+    that differ from float64's (:func:`~.points.same_values`: there the recorded point is another
+    point, and a rule right for it would be called wrong), a run that raised, no element the rules
+    changed, or a float64 derivative that is not finite there either."""
     narrow = [x.dtype for x in recorded.inputs if x.dtype != torch.float64]
-    if not narrow:
+    if not isinstance(f.rule, NanSafe) or not narrow:
+        return None
+    try:
+        if not same_values(point, recorded):
+            return None
+    except Exception:  # the user's function, in its own dtypes: the row says it was not checked
         return None
     probe = Probe(recorded, order)
     try:
