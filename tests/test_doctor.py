@@ -63,8 +63,37 @@ def report_of(name: str) -> dict:
     return _reports[name]
 
 
+def _softmax_of_a_masked_row_is_nan() -> bool:
+    return bool(torch.tensor([float("-inf")] * 2).softmax(-1).isnan().any())
+
+
+def _attention_over_no_key_is_nan() -> bool:
+    attention = torch.nn.MultiheadAttention(embed_dim=4, num_heads=1, batch_first=True)
+    x = torch.ones(1, 2, 4)
+    with torch.no_grad():
+        out, _ = attention(x, x, x, key_padding_mask=torch.tensor([[True, True]]))
+    return bool(out.isnan().any())
+
+
+#: The scripts whose NaN is PyTorch's own choice at a row with nothing to attend to, asked of the
+#: running release: a release that returns a finite row there makes no NaN to find.
+MADE_BY_THE_RELEASE = {"a_masked_attention.py": _softmax_of_a_masked_row_is_nan,
+                       "a_padded_attention.py": _attention_over_no_key_is_nan}
+
+
+def found_here(name: str) -> bool:
+    """Whether the running release makes the script's NaN; where it does not, the doctor says clean."""
+    ask = MADE_BY_THE_RELEASE.get(name)
+    if ask is None or ask():
+        return True
+    assert report_of(name)["status"] == "clean"
+    return False
+
+
 @pytest.mark.parametrize("name", sorted(FOUND))
 def test_the_doctor_finds_the_birth_and_its_class(name: str) -> None:
+    if not found_here(name):
+        return
     cls, phase, node, op, function = FOUND[name]
     report = report_of(name)
     assert report["status"] == "found"
@@ -87,6 +116,8 @@ def test_the_doctor_finds_the_birth_and_its_class(name: str) -> None:
 def test_a_mask_filled_with_minus_infinity_gets_the_finite_fill_checked() -> None:
     """The NaN is born in the backward of the product with the values; the fix goes to the line
     that filled the mask, the forward call that first made a non-finite value."""
+    if not found_here("a_masked_attention.py"):
+        return
     rewrite = report_of("a_masked_attention.py")["proposals"][0]
     assert (rewrite["kind"], rewrite["checked"]) == ("rewrite", True), rewrite["check"]
     assert ('+    scores = scores.masked_fill(~keep[:, None, :], torch.finfo(scores.dtype).min)'
@@ -94,6 +125,8 @@ def test_a_mask_filled_with_minus_infinity_gets_the_finite_fill_checked() -> Non
 
 
 def test_a_where_that_fills_minus_infinity_gets_the_finite_fill_checked(tmp_path: Path) -> None:
+    if not found_here("a_masked_attention.py"):
+        return
     shutil.copy(CORPUS / "dump.py", tmp_path)
     script = tmp_path / "where_attention.py"
     script.write_text((CORPUS / "a_masked_attention.py").read_text().replace(
@@ -275,6 +308,8 @@ def test_a_nan_born_inside_a_library_call_is_reported_at_the_users_call() -> Non
     line reported is the one that calls it; the forward rewrite that unmasks such a sequence is
     checked, and the rule, which does not make the gradients finite, is not called checked."""
     name = "a_padded_attention.py"
+    if not found_here(name):
+        return
     report = report_of(name)
     born = report["born"]
     assert (report["class"], born["phase"], born["op"], born["function"], born["incoming"]) == (
@@ -294,6 +329,8 @@ CHECKED_REWRITES = ["a_padded_attention.py", "c_log_of_softmax.py"]
 @pytest.mark.parametrize("name", sorted([*(n for n, f in FOUND.items() if f[0] in "AB"), *CHECKED_REWRITES]))
 def test_a_checked_fix_applied_gives_the_original_gradients_where_they_were_finite(
         name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if not found_here(name):
+        return
     report = report_of(name)
     checked = [p for p in report["proposals"] if p["checked"]]
     assert checked, [p["check"] for p in report["proposals"]]
@@ -581,7 +618,7 @@ def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> Non
                       "loss.backward()\n")
     report, _ = diagnose(str(script))
     assert (report.cls, report.born.op, report.born.line) == ("E", "linear", 5)
-    assert report_of("a_padded_attention.py")["class"] == "A"
+    assert not found_here("a_padded_attention.py") or report_of("a_padded_attention.py")["class"] == "A"
 
 
 def test_steps_stops_watching(tmp_path: Path) -> None:
