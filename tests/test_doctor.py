@@ -200,6 +200,20 @@ def test_a_sum_of_squares_on_the_line_before_the_sqrt_gets_the_native_norm(tmp_p
     assert "+    return torch.linalg.vector_norm(v, dim=-1)" in native.diff
 
 
+def test_a_variable_assigned_from_itself_is_not_looked_through(tmp_path: Path) -> None:
+    """``v = (v ** 2).sum(-1)`` then ``v.sqrt()``: the norm of the first ``v`` is no expression on the
+    sqrt's line, so no native op is proposed (its ``v`` would be the sum)."""
+    script = tmp_path / "shadow.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.zeros(4, 3))\n"
+                      "def length(v):\n"
+                      "    v = (v ** 2).sum(-1)\n"
+                      "    return v.sqrt()\n"
+                      "length(w).sum().backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "B" and not any(p.kind == "native" for p in report.proposals)
+
+
 def _natively(expression: str, inputs: str, tmp_path: Path) -> list:
     script = tmp_path / "native.py"
     script.write_text(f"import torch\n{inputs}\n"

@@ -83,8 +83,8 @@ class Source:
 
     def value_of(self, name: ast.expr, line: int) -> ast.expr | None:
         """What the variable ``name`` holds on ``line``: the value of its one assignment earlier in
-        the same function (or at module level), where nothing that value reads is assigned again
-        before ``line``; None for anything else."""
+        the same function (or at module level), where nothing that value reads is assigned by it
+        or again before ``line``; None for anything else."""
         if not isinstance(name, ast.Name):
             return None
         scope: ast.AST = self.innermost_function(line) or self.tree
@@ -98,7 +98,8 @@ class Source:
             return None
         value = setting[0].value
         read = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
-        later = [n for n in assigned if n.lineno > setting[0].lineno and read & targets[id(n)]]
+        # ``v = (v ** 2).sum()`` reads what it replaces: its value's ``v`` is gone on ``line``.
+        later = [n for n in assigned if n.lineno >= setting[0].lineno and read & targets[id(n)]]
         return None if later else value
 
     def calls_on(self, line: int, within: tuple[int, int] | None = None) -> list[ast.Call | ast.BinOp]:
