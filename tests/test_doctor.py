@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 import weakref
 from pathlib import Path
@@ -275,6 +276,30 @@ def test_a_compiled_script_is_said_to_be_replayed_eagerly(backend: str | None, t
     report, _ = diagnose(str(script))
     assert report.cls == "B" and any(_COMPILES in n for n in report.notes) == (backend is not None)
     assert any(_COMPILES in n for n in report_of("b_compiled_distance.py")["notes"])
+
+
+_PERFECT_FIT = ("import torch\n"
+                "def rmse(w):\n"
+                "    return (w ** 2).mean().sqrt()\n"
+                "rmse(torch.zeros(3, requires_grad=True)).backward()\n")
+
+
+def test_a_fix_applies_with_git_apply_in_the_folder_the_doctor_ran_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file under the working directory is named as git names it; one elsewhere by its full path."""
+    (tmp_path / "train.py").write_text(_PERFECT_FIT)
+    monkeypatch.chdir(tmp_path)
+    diff = next(p.diff for p in diagnose("train.py")[0].proposals if p.checked)
+    assert diff.startswith("--- a/train.py\n+++ b/train.py\n")
+    (tmp_path / "fix.diff").write_text(diff)
+    subprocess.run(["git", "apply", "fix.diff"], cwd=tmp_path, check=True)
+    assert (tmp_path / "train.py").read_text() == _apply(_PERFECT_FIT, diff) != _PERFECT_FIT
+    elsewhere = tmp_path / "run"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    (tmp_path / "train.py").write_text(_PERFECT_FIT)
+    diff = next(p.diff for p in diagnose("../train.py")[0].proposals if p.checked)
+    assert diff.startswith(f"--- {tmp_path / 'train.py'}\n+++ {tmp_path / 'train.py'}\n")
 
 
 def test_a_born_in_the_double_backward_is_reported_at_the_first_order_op() -> None:

@@ -183,11 +183,14 @@ class Edit:
         return "".join(self.lines)
 
     def diff(self) -> str:
-        """The change as a unified diff, with the file's path relative to the working directory."""
+        """The change as a unified diff: a file under the working directory named from there as git
+        names it (``a/train.py``, ``b/train.py``: ``git apply`` or ``patch -p1``), any other by its
+        full path (``patch -p0``)."""
         path = os.path.relpath(self.source.path) if os.path.isabs(self.source.path) else self.source.path
+        old, new = f"a/{path}", f"b/{path}"
         if path.startswith(".."):
-            path = self.source.path
-        return "".join(difflib.unified_diff(self.source.lines, self.lines, fromfile=path, tofile=path))
+            old = new = os.path.abspath(self.source.path)
+        return "".join(difflib.unified_diff(self.source.lines, self.lines, fromfile=old, tofile=new))
 
 
 def indentation(source: Source, line: int) -> str:
