@@ -153,6 +153,10 @@ def test_bench_doctor_runs_its_rows() -> None:
     assert [row.split(" | ")[0] for row in rows] == [
         "| doctor's trigger per backward / plain step, batch 64 / batch 256 / quickstart MLP",
         "| doctor's instrumented step / plain step, batch 64 / batch 256 / quickstart MLP"]
+    floor = [line for line in done.stdout.splitlines() if line.startswith("| reading")]
+    assert [row.split(" | ")[0] for row in floor] == [
+        "| reading the loss and every gradient once after the backward / plain step, batch 64 / batch 256 / "
+        "quickstart MLP"]
 
 
 def test_bench_region_runs_its_rows() -> None:
