@@ -53,6 +53,14 @@ class Call:
     finite_now: list[bool] | None = None
 
 
+def _memory(tensor: torch.Tensor) -> int | None:
+    """Where ``tensor``'s elements live (None for one with no memory of its own to compare, such
+    as a sparse tensor): a view shares it with its base."""
+    if tensor.layout != torch.strided or not compat.has_storage(tensor):
+        return None
+    return tensor.untyped_storage().data_ptr()
+
+
 class ForwardWatch(TorchFunctionMode):
     """Records the torch calls of a forward pass that make a tensor requiring grad, and per
     autograd node the user's line that made it (for a call such as ``F.normalize``,
@@ -80,7 +88,10 @@ class ForwardWatch(TorchFunctionMode):
             # differentiated step: what they make enters it from outside.
             return func(*args, **kwargs)
         inputs = floating(given)
-        before = finite_flags(inputs) if in_place else None
+        before = None
+        if in_place:
+            self._freeze(inputs)
+            before = finite_flags(inputs)
         out = func(*args, **kwargs)
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
         if not any(o.requires_grad for o in outputs):  # a mask, a detached copy: data from here on
@@ -93,6 +104,15 @@ class ForwardWatch(TorchFunctionMode):
             for o in outputs:
                 self._claim(o.grad_fn, frame)
         return out
+
+    def _freeze(self, changing: Sequence[torch.Tensor]) -> None:
+        """Read now the flags of the earlier calls whose tensors share memory with what an in-place
+        call is about to change: read at the end of the step, a ``matmul``'s output that a
+        ``masked_fill_`` then fills with ``-inf`` would look born non-finite in the ``matmul``."""
+        memory = {m for m in map(_memory, changing) if m is not None}
+        for call in self.calls:
+            if call.finite_now is None and any(_memory(t) in memory for t in (*call.inputs, *call.outputs)):
+                call.finite_now = finite_flags([*call.inputs, *call.outputs])
 
     def reset(self) -> None:
         """Forget what was recorded and record again (the next step starts)."""

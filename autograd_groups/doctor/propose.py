@@ -191,7 +191,7 @@ def _finite_fill(upstream: Born) -> list[Candidate]:
     same softmax (the filled elements' exponentials are 0 either way); a row that keeps none gets a
     finite one."""
     source = Source.read(upstream.file or "")
-    if source is None or upstream.op not in ("masked_fill", "where") or upstream.line is None:
+    if source is None or upstream.op not in ("masked_fill", "masked_fill_", "where") or upstream.line is None:
         return []
     for call in source.calls_on(upstream.line, upstream.columns):
         filled = _filled_with_minus_infinity(call)
@@ -210,8 +210,8 @@ def _finite_fill(upstream: Born) -> list[Candidate]:
 
 def _filled_with_minus_infinity(call: ast.expr) -> tuple[ast.expr, ast.expr] | None:
     """``(tensor, value)`` where ``call`` fills ``tensor`` with minus infinity, ``value``:
-    ``tensor.masked_fill(mask, value)`` (or ``torch.``'s), ``torch.where(keep, tensor, value)``
-    (either way round)."""
+    ``tensor.masked_fill(mask, value)`` (or ``torch.``'s), in place or not,
+    ``torch.where(keep, tensor, value)`` (either way round)."""
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
         return None
     if call.func.attr == "where" and _is_torch(call.func.value) and len(call.args) == 3:
@@ -219,7 +219,7 @@ def _filled_with_minus_infinity(call: ast.expr) -> tuple[ast.expr, ast.expr] | N
         if _minus_infinity(second):
             return first, second
         return (second, first) if _minus_infinity(first) else None
-    if call.func.attr != "masked_fill":
+    if call.func.attr not in ("masked_fill", "masked_fill_"):
         return None
     if _is_torch(call.func.value):
         tensor, rest = (call.args[0], call.args[1:]) if call.args else (None, [])
