@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import autograd_groups as ag
-from autograd_groups.verify.points import point_of
+from autograd_groups.verify.points import point_of, same_values
 from autograd_groups.verify.verdict import CONSISTENT, DIFFERENCES, FLOAT64, INCONSISTENT, LIMITS, explain
 from autograd_groups.verify.verify import ROUNDING, Fired, _in_float64
 
@@ -221,6 +221,19 @@ def test_a_rule_at_a_point_special_only_in_float32_is_checked_against_float64() 
     assert "of float64 copies, where the point is not special" in explain(row)
 
 
+def test_a_rule_that_float64_never_needs_is_checked_against_float64() -> None:
+    """An untaken branch that overflows float32 and whose product with the branch's zero gradient
+    is all there is: in float64 the NaN-safe group has no node to guard at all, and in float32 the
+    rule's gradient must be float64's (0 at z = 100)."""
+    with ag.registry_scope():
+        ag.register_rule("ref.cut_exp", ag.NanSafe())
+        fn = ag.autograd_group("ref.cut_exp")(
+            lambda z: torch.where(z < 80, torch.exp(z), torch.zeros_like(z)).sum())
+        (row,) = ag.verify(fn, torch.tensor([1.0, 100.0])).rows
+    assert (row.status, row.reference, row.checked, row.index) == (CONSISTENT, FLOAT64, 1, [1])
+    assert (row.low, row.rule_value) == (0.0, 0.0)
+
+
 def test_a_rule_value_other_than_float64s_is_inconsistent() -> None:
     """The comparison itself, given a float64 derivative that is not the rule's: the NaN-safe
     softplus's slope 1 at z = 100 against a float64 value of 0.5 there."""
@@ -253,6 +266,19 @@ def test_a_rule_at_a_point_that_float32_moves_is_not_checked(rule: ag.Rule, fn, 
         ag.register_rule("ref.moved", rule)
         (row,) = ag.verify(ag.autograd_group("ref.moved")(fn), point).rows
     assert row.status == "not checked" and row.reason.endswith(ROUNDING[ROUNDING.index(" (a special"):])
+
+
+@pytest.mark.parametrize("fn, point, same", [
+    (lambda z: _softplus(z).sum(), _OVERFLOWS, True),
+    (lambda z: (torch.exp(-z) * torch.exp(z) + z).sum(), torch.tensor([1.0, 110.0]), False),
+    (lambda v: v.pow(2).sum().sqrt(), torch.tensor([1e-23, 0.0]), False)])
+def test_a_function_has_the_same_values_in_float32_only_where_float32_keeps_them(fn, point: torch.Tensor,
+                                                                                 same: bool) -> None:
+    """Where an overflow is only in a branch left out, float32's value is float64's rounded; where
+    float32 underflows or overflows into the value itself, it is another."""
+    wide = point_of(fn, [point], {}, lambda t: True)
+    narrow = point_of(fn, [point], {}, lambda t: True, dtype=None)
+    assert same_values(wide, narrow) is same
 
 
 def test_a_rule_at_a_float64_point_is_not_checked_against_itself() -> None:

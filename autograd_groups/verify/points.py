@@ -479,7 +479,7 @@ def same_values(wide: Point, narrow: Point) -> bool:
     (a length whose squares underflow float32 is 0 there), the recorded point is another point of
     the function than its float64 copies."""
     with flag.restored(flag.FlagState(False)), tracer.hidden():
-        found = [Probe(p, 1)._run(p.inputs)[1] for p in (wide, narrow)]
+        found = [Probe(p, 1)._run([differentiable(x) for x in p.inputs])[1] for p in (wide, narrow)]
     if len(found[0]) != len(found[1]):
         return False
     for exact, rounded in zip(*found):

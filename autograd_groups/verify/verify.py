@@ -342,11 +342,11 @@ def _rows(point: Point, fired: list[Fired], order: int, by_id: bool, at: AtPoint
             continue
         reached = _reached(f, again, at)
         if reached is None:
-            # Not compared with float64: there the rule's condition does not hold, and a rule that is
-            # right where it holds (a length that underflows to 0) would be called wrong.
-            rows.append(_row(f, order, NOT_CHECKED, "it fired on the recorded inputs but not on their "
-                                                    "float64 copies (a special point made by float32's "
-                                                    "rounding or range)"))
+            # Compared with float64 only as _in_float64 does (a NaN-safe rule, the same outputs in
+            # both dtypes): elsewhere the rule's condition does not hold in float64, and a rule that
+            # is right where it holds (a length that underflows to 0) would be called wrong.
+            found = _in_float64(f, order, point, recorded, at.value) if recorded is not None else None
+            rows.append(found or _row(f, order, NOT_CHECKED, ROUNDING))
         elif not bool(reached.any()):
             rows.append(_unreached(f, order, point, at, judge, recorded))
         else:
