@@ -8,6 +8,8 @@ The expected gradients are analytic: the Lennard-Jones forces, ``p - t`` for the
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -249,8 +251,12 @@ def test_a_rule_value_other_than_float64s_is_inconsistent() -> None:
         recorded = point_of(fn, [_OVERFLOWS], {}, lambda t: True, dtype=None)
         right = _in_float64(fired, 1, wide, recorded, torch.tensor([0.62, 0.95, 1.0], dtype=torch.float64))
         wrong = _in_float64(fired, 1, wide, recorded, torch.tensor([0.62, 0.95, 0.5], dtype=torch.float64))
-    assert right is not None and wrong is not None
+        # An infinite slope elsewhere (a sqrt at 0 beside it) widens nothing.
+        beside = _in_float64(fired, 1, wide, recorded,
+                             torch.tensor([0.62, math.inf, 0.5], dtype=torch.float64))
+    assert right is not None and wrong is not None and beside is not None
     assert (right.status, wrong.status, wrong.index, wrong.rule_value) == (CONSISTENT, INCONSISTENT, [2], 1.0)
+    assert (beside.status, beside.tolerance) == (INCONSISTENT, wrong.tolerance)
 
 
 @pytest.mark.parametrize("rule, fn, point", [
@@ -279,6 +285,40 @@ def test_a_function_has_the_same_values_in_float32_only_where_float32_keeps_them
     wide = point_of(fn, [point], {}, lambda t: True)
     narrow = point_of(fn, [point], {}, lambda t: True, dtype=None)
     assert same_values(wide, narrow) is same
+
+
+def test_a_with_block_at_a_point_special_only_in_float32_says_so() -> None:
+    """Checked through the whole function, the softplus's rule is not compared with float64 (other
+    rules may act there too), and the reason says why."""
+    def fn(z: torch.Tensor) -> torch.Tensor:
+        with ag.autograd_group("ref.softplus_block"):
+            return _softplus(z).sum()
+
+    with ag.registry_scope():
+        ag.register_rule("ref.softplus_block", ag.NanSafe())
+        (row,) = ag.verify(fn, _OVERFLOWS).rows
+    assert (row.status, row.reason) == ("not checked", ROUNDING)
+
+
+@pytest.mark.parametrize("grad, wrong", [("5 * grad", True), ("0", False)])
+def test_a_minus_infinity_in_an_input_leaves_the_other_elements_their_limits(grad: str, wrong: bool) -> None:
+    """Logits masked with -inf as given: the random directions are scaled by the finite entries,
+    so a subgradient at a kink is judged against the limits, not left to finite differences; the
+    masked entries themselves cannot be checked, and the row says so."""
+    z = torch.tensor([[0.3, -0.2, -math.inf], [1.0, 0.5, -math.inf]])
+    t = torch.softmax(z, -1)
+    t[1, 0] += 0.1  # the first row's elements sit at |p - t| = 0: a kink
+
+    with ag.registry_scope():
+        ag.register_rule("ref.l1_masked", ag.Subgradient(op="abs", when="self == 0", grad=grad))
+        fn = ag.autograd_group("ref.l1_masked")(lambda z, t: (torch.softmax(z, -1) - t).abs().sum())
+        (row,) = ag.verify(fn, z, t).rows
+    if wrong:
+        assert (row.status, row.reference) == (INCONSISTENT, LIMITS)
+    else:
+        assert (row.status, row.reference) == ("not checked", LIMITS)
+        assert row.reason.startswith("2 of the 8 elements it reaches cannot be checked, e.g. z[0, 2]")
+        assert row.reason.endswith("it is consistent at the other 6")
 
 
 def test_a_rule_at_a_float64_point_is_not_checked_against_itself() -> None:

@@ -73,11 +73,14 @@ def projection(tensors: list[torch.Tensor], weights: torch.Generator) -> torch.T
 
 @dataclass
 class Point:
-    """``run`` is a function of the tensors ``inputs`` (named ``names``); it is checked there."""
+    """``run`` is a function of the tensors ``inputs`` (named ``names``); it is checked there.
+    ``narrow``: some tensor it was made from is narrower than its copy here (a float32 argument
+    checked in float64), so that the point as recorded may be special where this one is not."""
 
     run: Callable[[list[torch.Tensor]], Any]
     inputs: list[torch.Tensor]
     names: list[str]
+    narrow: bool = False
 
     def element(self, k: int) -> tuple[str, list[int], float]:
         """The name (``x[1, 2]``), index and input value of flat element ``k`` of the inputs."""
@@ -108,12 +111,14 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
     inputs: list[torch.Tensor] = []
     input_names: list[str] = []
     base_args, base_kwargs = list(args), dict(kwargs)
+    narrow = False
     keyed: list[tuple[int | str, Any, str]] = [*((i, a, names[i]) for i, a in enumerate(args)),
                                                *((k, v, k) for k, v in kwargs.items())]
     for key, value, name in keyed:
         if not isinstance(value, torch.Tensor) or not value.is_floating_point():
             continue
         copy = value.detach().to(dtype or value.dtype).clone()
+        narrow = narrow or copy.dtype.itemsize > value.dtype.itemsize
         if wanted(value):
             slots.append(key)
             inputs.append(copy)
@@ -133,7 +138,7 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         with Widened():
             return fn(*call_args, **call_kwargs)
 
-    return Point(run, inputs, input_names)
+    return Point(run, inputs, input_names, narrow)
 
 
 class Widened(TorchFunctionMode):
@@ -412,9 +417,7 @@ class Probe:
             local -= self.point.inputs[which].numel()
             which += 1
         x = self.point.inputs[which]
-        # The scale of the input's finite entries: a -inf mask in it must not make every step infinite.
-        finite = x[torch.isfinite(x)]
-        scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+        scale = _finite_scale(x)
         found = torch.full((2, len(limits.DIFFERENCE_STEPS)), math.nan, dtype=torch.float64)
         for side, sign in enumerate((1.0, -1.0)):
             for j, step in enumerate(limits.DIFFERENCE_STEPS):
@@ -461,15 +464,23 @@ class Probe:
 
     def _directions(self) -> list[list[torch.Tensor]]:
         """:data:`~.limits.PAIRS` random directions and their negatives; each input's part scaled by
-        ``max(1, max |x|)``, and the largest element of each direction 1."""
+        ``max(1, max |x|)`` over its finite entries, and the largest element of each direction 1."""
+        scales = [_finite_scale(x) for x in self.point.inputs]
         found = []
         for _ in range(limits.PAIRS):
-            parts = [self._random(x.shape).to(x.device) * max(1.0, float(x.abs().max()) if x.numel() else 1.0)
-                     for x in self.point.inputs]
+            parts = [self._random(x.shape).to(x.device) * scale
+                     for x, scale in zip(self.point.inputs, scales)]
             largest = max((float(p.abs().max()) for p in parts if p.numel()), default=1.0)
             parts = [p / largest for p in parts]
             found += [parts, [-p for p in parts]]
         return found
+
+
+def _finite_scale(x: torch.Tensor) -> float:
+    """``max(1, max |x|)`` over ``x``'s finite entries: a ``-inf`` mask in an input must not make
+    every step, or every direction, infinite."""
+    finite = x[torch.isfinite(x)]
+    return max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
 
 
 def same_values(wide: Point, narrow: Point) -> bool:

@@ -369,8 +369,7 @@ def _unreached(f: Fired, order: int, point: Point, at: AtPoint, judge: Judge,
         row = _verdict(f, order, point, at, judge.compare(at.value, stopped), stopped, judge.probe)
         return dataclasses.replace(row, reason="; ".join(filter(None, [row.reason, STOPPED])))
     found = _in_float64(f, order, point, recorded, at.value) if recorded is not None else None
-    narrow = recorded is not None and any(x.dtype != torch.float64 for x in recorded.inputs)
-    return found or _row(f, order, NOT_CHECKED, ROUNDING if narrow else UNREACHED)
+    return found or _row(f, order, NOT_CHECKED, ROUNDING if point.narrow else UNREACHED)
 
 
 def _in_float64(f: Fired, order: int, point: Point, recorded: Point, value: torch.Tensor) -> Row | None:
@@ -379,7 +378,7 @@ def _in_float64(f: Fired, order: int, point: Point, recorded: Point, value: torc
     finite (an ``exp`` that overflows float32 only, in the branch a ``where`` does not take): there
     the rules' derivative
     must equal float64's ``value``, to the narrow dtype's precision (the square root of its
-    machine epsilon, relative to the largest derivative element). None where there is nothing to
+    machine epsilon, relative to the largest finite derivative element). None where there is nothing to
     compare: another rule than NaN-safe (its condition is the user's), float64 inputs, outputs
     that differ from float64's (:func:`~.points.same_values`: there the recorded point is another
     point, and a rule right for it would be called wrong), a run that raised, no element the rules
@@ -402,7 +401,8 @@ def _in_float64(f: Fired, order: int, point: Point, recorded: Point, value: torc
     if not bool(fixed.any()) or not bool(torch.isfinite(value[fixed]).all()):
         return None
     eps = max(torch.finfo(d).eps for d in narrow)
-    scale = max(1.0, float(value.abs().max()))
+    # Over the finite elements: an infinite slope elsewhere (a sqrt at 0) must not make any value pass.
+    scale = max(1.0, float(value[torch.isfinite(value)].abs().max()))
     excess = (at.value.to(torch.float64) - value).abs()
     tolerance = math.sqrt(eps) * scale
     k = int(torch.where(fixed, excess.nan_to_num(nan=math.inf), -1.0).argmax())
