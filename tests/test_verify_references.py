@@ -203,6 +203,32 @@ def test_a_wrong_gradient_where_a_nan_safe_rule_made_it_finite_is_inconsistent()
     assert [r.status for r in rows] == [INCONSISTENT]
 
 
+def _masked_ce_beside(z: torch.Tensor, w: torch.Tensor, big: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked cross-entropy and, beside it, a large output that ``z`` does not move."""
+    t = torch.tensor([[0.2, 0.8, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[False, False, False, True]])
+    return -torch.xlogy(t, torch.softmax(z.masked_fill(mask, float("-inf")), -1)).sum(), w * big
+
+
+@pytest.mark.parametrize("grad, big, status", [
+    ("0", 1e9, CONSISTENT), ("5 * grad", 1e9, INCONSISTENT),
+    ("0", 1e12, "not checked"), ("5 * grad", 1e12, "not checked")])
+def test_a_large_output_beside_the_loss_neither_hides_nor_fakes_a_finite_difference(
+        grad: str, big: float, status: str) -> None:
+    """Finite differences take each output's change on its own: an output the logits do not move
+    adds no rounding to theirs. Where one is so large that even the slope it could hide below half
+    an ulp is not small beside the change, the elements are not checked, rather than called
+    consistent within that rounding whatever the rule gives."""
+    z = torch.tensor([[0.3, -1.0, 2.0, 0.5]], dtype=torch.float64)
+    with ag.registry_scope():
+        ag.register_rule("ref.ce_beside", ag.Subgradient(op="xlogy", when="self == 0", grad=grad, input=1))
+        fn = ag.autograd_group("ref.ce_beside")(_masked_ce_beside)
+        (row,) = ag.verify(fn, z, torch.tensor(1.0, dtype=torch.float64), big).rows
+    assert row.status == status, row.reason
+    if status != "not checked":
+        assert row.reference == DIFFERENCES
+
+
 def _softplus(z: torch.Tensor) -> torch.Tensor:
     return torch.where(z < 20, torch.log1p(torch.exp(z)), z)
 

@@ -68,6 +68,10 @@ class Judge:
         converged = quotients.state == limits.CONVERGED
         quotients.error = torch.where(converged, torch.maximum(quotients.error, self.probe.rounding),
                                       quotients.error)
+        # Rounding this large beside the slope (an output far larger than its change) leaves
+        # nothing to compare: any value of the rule would be within it.
+        blurred = converged & (self.probe.rounding > limits.RESOLUTION * quotients.value.abs().clamp_min(1.0))
+        quotients.state = torch.where(blurred, limits.NO_LIMIT, quotients.state)
         compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
         return Judged(compared, chosen & compared.checked, wanted & ~chosen)
 

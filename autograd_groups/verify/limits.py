@@ -35,6 +35,9 @@ DIFFERENCE_STEPS = STEPS[:7]
 #: divided by the step where extrapolation's truncation (``h^2``) and rounding (``eps |f| / h``) are
 #: about equal, ``eps^(1/3)``: finite differences cannot resolve less.
 DIFFERENCE_ROUNDING = 16.0
+#: Finite differences whose rounding error exceeds this part of their limit (or of 1) are no
+#: reference: the rule's value would pass within it.
+RESOLUTION = 1e-3
 #: A step is used at an element only where it moves the element by this part of its value or more.
 RESOLVED = 1e-13
 #: Random directions are drawn in pairs ``d, -d``: at a kink they see both sides of every element.

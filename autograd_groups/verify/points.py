@@ -395,23 +395,27 @@ class Probe:
             self.rounding = torch.zeros(n, dtype=torch.float64)
         todo = elements & ~self._differenced
         if bool(todo.any()):
-            eps = torch.finfo(torch.float64).eps
             with flag.restored(flag.FlagState(False)), tracer.hidden():
-                base = self._value(self._leaves())
+                base = self._outputs(self._leaves())
                 for k in todo.nonzero().flatten().tolist():
-                    self._differences[:, :, k], scale = self._quotients(k, base)
-                    self.rounding[k] = limits.DIFFERENCE_ROUNDING * eps * abs(base) / (eps ** (1 / 3) * scale)
+                    self._differences[:, :, k], self.rounding[k] = self._quotients(k, base)
             self._differenced |= todo
         return torch.where(elements, self._differences, math.nan)
 
-    def _value(self, xs: list[torch.Tensor]) -> float:
-        projected, outputs = self._run(xs)
-        finite = all(bool(torch.isfinite(o.detach()).all()) for o in outputs)
-        return float(projected.detach()) if finite else math.nan
+    def _outputs(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The outputs at ``xs``, detached; None where one is not finite."""
+        outputs = [o.detach() for o in self._run(xs)[1]]
+        return outputs if all(bool(torch.isfinite(o).all()) for o in outputs) else None
 
-    def _quotients(self, k: int, base: float) -> tuple[torch.Tensor, float]:
-        """(2, steps) difference quotients at flat element ``k`` (see :meth:`differences`), and the
-        input's scale the steps were taken in."""
+    def _quotients(self, k: int, base: list[torch.Tensor] | None) -> tuple[torch.Tensor, float]:
+        """(2, steps) difference quotients at flat element ``k`` (see :meth:`differences`) of the
+        outputs from ``base``, their values at the point; and the least error of their limit.
+
+        Each output element's change is taken before the projection, so that an output element
+        that ``k`` does not move (a large constant beside the loss) adds no rounding. The error is
+        :data:`~.limits.DIFFERENCE_ROUNDING` times the rounding of the elements that moved, divided
+        by the step where truncation and rounding are about equal, and times what the elements that
+        never moved could hide: a slope below half an ulp at the largest step."""
         which, local = 0, k
         while local >= self.point.inputs[which].numel():
             local -= self.point.inputs[which].numel()
@@ -419,6 +423,9 @@ class Probe:
         x = self.point.inputs[which]
         scale = _finite_scale(x)
         found = torch.full((2, len(limits.DIFFERENCE_STEPS)), math.nan, dtype=torch.float64)
+        if base is None or self.projections is None:
+            return found, 0.0
+        moved = [torch.zeros_like(b, dtype=torch.bool) for b in base]
         for side, sign in enumerate((1.0, -1.0)):
             for j, step in enumerate(limits.DIFFERENCE_STEPS):
                 offset = [torch.zeros_like(t) for t in self.point.inputs]
@@ -428,10 +435,21 @@ class Probe:
                 if taken == 0:
                     continue
                 try:
-                    found[side, j] = (self._value(xs) - base) / taken
+                    outputs = self._outputs(xs)
                 except Exception:  # as in nearby: it raises there, outside its domain
                     continue
-        return found, scale
+                if outputs is None:
+                    continue
+                change = sum(float(((o - b) * w).sum()) for o, b, w in zip(outputs, base, self.projections))
+                found[side, j] = change / taken
+                for m, o, b in zip(moved, outputs, base):
+                    m |= o != b
+        size = [(w * b).abs() for w, b in zip(self.projections, base)]
+        seen = sum(float(a[m].sum()) for a, m in zip(size, moved))
+        unseen = sum(float(a[~m].sum()) for a, m in zip(size, moved))
+        eps = torch.finfo(torch.float64).eps
+        hidden = seen / eps ** (1 / 3) + unseen / limits.DIFFERENCE_STEPS[0]
+        return found, limits.DIFFERENCE_ROUNDING * eps * hidden / scale
 
     def _own_where(self, broken: torch.Tensor, directions: list[list[torch.Tensor]],
                    out: torch.Tensor) -> torch.Tensor:
