@@ -50,7 +50,9 @@ def run_script(path: str, args: list[str], source: str | None = None,
         if source is None:
             runpy.run_path(path, run_name="__main__")
         else:
-            code = compile(source, path, "exec")
+            # Not with this module's ``from __future__ import annotations``: a dataclass's field
+            # types, read at run time, stay types.
+            code = compile(source, path, "exec", dont_inherit=True)
             exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
     except passes:
         raise

@@ -571,6 +571,41 @@ def test_a_package_installed_in_the_scripts_folder_is_not_imported_again(
     del sys.modules["installed_here"]
 
 
+_ANNOTATED = "def f(x: int) -> None: ...\nassert f.__annotations__['x'] is int, f.__annotations__\n"
+
+
+def test_a_changed_copy_keeps_its_annotations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A changed script and a changed module run as Python would run them: not with the library's
+    own ``from __future__ import annotations``, which made every annotation a string (a dataclass's
+    field types, read by argparse, were then not callable)."""
+    from autograd_groups.doctor import modules
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert run_script(str(script), [], source=_ANNOTATED) == 0
+    (tmp_path / "annotated.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with modules.fresh(str(tmp_path), {str(tmp_path / "annotated.py"): _ANNOTATED}):
+        import annotated  # noqa: F401
+
+
+def test_a_changed_package_init_keeps_its_relative_imports(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fix to a package's ``__init__.py`` is checked with the package's folder kept, so that its
+    relative imports still work."""
+    from autograd_groups.doctor import modules
+
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .part import value\n")
+    (package / "part.py").write_text("value = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    changed = {str(package / "__init__.py"): "from .part import value\nvalue += 1\n"}
+    with modules.fresh(str(tmp_path), changed):
+        import mypkg
+        assert mypkg.value == 2
+
+
 def test_a_modules_state_starts_over_in_each_run(tmp_path: Path) -> None:
     """A module of the user's keeps a count at its top level, which the script's steps advance: the
     replay imports it anew, as a new process would, and the bad step goes bad again (it was class G

@@ -69,7 +69,9 @@ class _Changed(importlib.abc.MetaPathFinder):
         if origin not in self.texts:
             return None
         loader = _Text(origin, self.texts[origin])
-        return importlib.util.spec_from_file_location(fullname, origin, loader=loader)
+        # A package's __init__ keeps its folder, for its relative imports.
+        return importlib.util.spec_from_file_location(
+            fullname, origin, loader=loader, submodule_search_locations=spec.submodule_search_locations)
 
 
 class _Text(importlib.abc.Loader):
@@ -82,4 +84,6 @@ class _Text(importlib.abc.Loader):
         return None
 
     def exec_module(self, module: ModuleType) -> None:
-        exec(compile(self.text, self.path, "exec"), module.__dict__)
+        # Not with this library's own ``from __future__ import annotations``: the module's
+        # annotations stay what they are in a run of its own.
+        exec(compile(self.text, self.path, "exec", dont_inherit=True), module.__dict__)
