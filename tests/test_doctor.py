@@ -6,6 +6,7 @@ wherever those were finite."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -131,7 +132,13 @@ def test_a_mask_filled_with_minus_infinity_gets_the_finite_fill_checked() -> Non
     ('scores.masked_fill_(~keep[:, None, :], float("-inf"))',
      "scores.masked_fill_(~keep[:, None, :], torch.finfo(scores.dtype).min)"),
     ('scores[:, :].masked_fill_(~keep[:, None, :], -math.inf)',
-     "scores[:, :].masked_fill_(~keep[:, None, :], torch.finfo(scores[:, :].dtype).min)")])
+     "scores[:, :].masked_fill_(~keep[:, None, :], torch.finfo(scores[:, :].dtype).min)"),
+    # Two fills on a line: the one that made the row all -inf, not the one around it.
+    ('scores = scores.masked_fill(~keep[:, None, :], float("-inf")).masked_fill(scores > 1e9, -math.inf)',
+     "scores = scores.masked_fill(~keep[:, None, :], torch.finfo(scores.dtype).min)"
+     ".masked_fill(scores > 1e9, -math.inf)"),
+    ('scores = (scores * 1.0).masked_fill(~keep[:, None, :], float("-inf"))',
+     "scores = (scores * 1.0).masked_fill(~keep[:, None, :], torch.finfo((scores * 1.0).dtype).min)")])
 def test_a_where_or_an_in_place_fill_of_minus_infinity_gets_the_finite_fill_checked(
         fill: str, fixed: str, tmp_path: Path) -> None:
     """In place, on the tensor or on a view of it: the product that made the scores is no birth,
@@ -258,6 +265,73 @@ def test_x_log_y_and_atan_of_a_ratio_get_their_native_ops(expression: str, nativ
     if finite:
         assert f"+    return {native}" in proposals["native"].diff and proposals["native"].checked
     assert f"+    return {builtin}" in proposals["builtin"].diff and proposals["builtin"].checked
+
+
+@pytest.mark.parametrize("lines, native", [
+    # F.softmax is a function of F, not a method of a tensor F.
+    (["import torch.nn.functional as F", "x = torch.tensor([[0.0, -200.0, 1.0]], requires_grad=True)",
+      "def f(x):", "    return -torch.log(F.softmax(x, dim=-1))[0, 0]"],
+     "    return -torch.log_softmax(x, dim=-1)[0, 0]"),
+    # A keepdim given by position is kept.
+    (["x = torch.zeros(3, 2, requires_grad=True)", "w = torch.arange(3.0)", "def f(x):",
+      "    return ((x[:, None] - x[None, :]).pow(2).sum(-1, True).sqrt() * w).sum()"],
+     "    return (torch.linalg.vector_norm(x[:, None] - x[None, :], dim=-1, keepdim=True) * w).sum()"),
+    # A tuple of dims stays one.
+    (["x = torch.zeros(2, 2, 2)", "x[1] = 1.0", "x.requires_grad_()", "def f(x):",
+      "    return (x / x.pow(2).sum(dim=(1, 2), keepdim=True).sqrt())[1].sum()"],
+     "    return (torch.nn.functional.normalize(x, dim=(1, 2)))[1].sum()")])
+def test_a_native_op_keeps_what_the_expression_computes(lines: list[str], native: str,
+                                                       tmp_path: Path) -> None:
+    script = tmp_path / "native.py"
+    script.write_text("\n".join(["import torch", *lines, "f(x).backward()", ""]))
+    report, _ = diagnose(str(script))
+    proposal = report.proposals[0]
+    assert (proposal.kind, proposal.checked) == ("native", True), proposal.check
+    assert f"\n+{native}\n" in proposal.diff
+
+
+def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
+    """Of two divisions on the line, the one by the norm, not the one around it."""
+    script = tmp_path / "divided.py"
+    script.write_text("import torch\n"
+                      "x = torch.zeros(2, 3)\n"
+                      "x[1] = 1.0\n"
+                      "x.requires_grad_()\n"
+                      "def f(x):\n"
+                      "    return (x / x.norm(dim=-1, keepdim=True) / 2.0)[1].sum()\n"
+                      "f(x).backward()\n")
+    report, _ = diagnose(str(script))
+    epsilon = next(p for p in report.proposals if p.summary.startswith("not recommended"))
+    assert "\n+    return (x / (x.norm(dim=-1, keepdim=True) + 1e-12) / 2.0)[1].sum()\n" in epsilon.diff
+
+
+@pytest.mark.parametrize("change", ["sq[0, 1] = 4.0", "sq.mul_(2.0)"])
+def test_a_variable_changed_in_place_is_not_looked_through(change: str, tmp_path: Path) -> None:
+    """The square root takes a variable whose sum of squares was changed after it was assigned: a
+    norm of the expression would drop the change, so no native op is proposed."""
+    script = tmp_path / "changed.py"
+    script.write_text("import torch\n"
+                      "x = torch.zeros(3, 2, requires_grad=True)\n"
+                      "def f(x):\n"
+                      "    sq = (x[:, None] - x[None, :]).pow(2).sum(-1)\n"
+                      f"    {change}\n"
+                      "    return sq.sqrt().mean()\n"
+                      "f(x).backward()\n")
+    report, _ = diagnose(str(script))
+    assert report.cls == "B" and [p.kind for p in report.proposals][:1] == ["rule"]
+
+
+def test_a_fix_that_changes_the_loss_is_not_checked_though_no_gradient_was_finite() -> None:
+    """Behind a singular op at the output every original gradient is NaN, and gradients alone would
+    pass any fix: the loss is compared too."""
+    from autograd_groups.doctor.check import Baseline, _compare
+    from autograd_groups.doctor.session import Backward
+
+    leaf, nan = torch.zeros(3), torch.full((3,), math.nan)
+    baseline = Baseline(Backward(1, False, 0), [leaf], [nan], [torch.tensor(1.0)], False)
+    assert _compare(baseline, [leaf], [torch.ones(3)], [torch.tensor(1.0)]) is None
+    assert _compare(baseline, [leaf], [torch.ones(3)], [torch.tensor(1.5)]) == (
+        "changes the loss where it was finite: by up to 0.5 (value of shape ())")
 
 
 def test_a_vector_divided_by_its_norm_gets_the_native_normalize_checked() -> None:
@@ -550,7 +624,9 @@ def test_a_fix_to_a_module_the_script_imports_is_checked(tmp_path: Path) -> None
     assert "+    return torch.linalg.vector_norm(a - b, dim=-1)" in fixes["native"].diff
     assert all(fixes[kind].checked for kind in ("native", "builtin", "rule")), \
         [p.check for p in report.proposals]
-    assert fixes["rewrite"].check.startswith("at the bad step it passes the check")
+    # Four distances of sqrt(1e-12) move the loss from 0 to 4e-6.
+    assert fixes["rewrite"].check.startswith(
+        "at the bad step: changes the loss where it was finite: by up to 4e-06")
     assert "geometry" not in sys.modules  # each run imported it anew, and forgot it
 
 

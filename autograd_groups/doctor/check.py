@@ -32,11 +32,13 @@ STILL_NOT_FINITE = "gradients still not finite"
 @dataclass
 class Baseline:
     """The replayed original step: its bad backward, the tensors it differentiated and their
-    gradients, and whether the step differentiated twice."""
+    gradients, the values it differentiated (its losses), and whether the step differentiated
+    twice."""
 
     bad: Backward
     leaves: Leaves
     grads: Grads
+    losses: list[torch.Tensor]
     second_order: bool
 
 
@@ -62,12 +64,12 @@ def check(script: str, args: list[str], file: str, text: str, baseline: Baseline
         said = printed.getvalue().strip().splitlines()
         how = f": {said[-1]}" if said else ""
         return False, f"the changed script did not reach backward pass {baseline.bad.index}{how}"
-    compared = _compare(baseline, session.last_leaves, session.last_grads)
+    compared = _compare(baseline, session.last_leaves, session.last_grads, session.last_losses)
     if compared is not None:
         return False, compared
     order = "second" if baseline.second_order else "first"
     checked = (f"backward pass {baseline.bad.index} replayed: gradients finite, equal to the original's "
-               f"wherever those were finite (rtol {RTOL:g})")
+               f"wherever those were finite, and so is the loss (rtol {RTOL:g})")
     if verdict is None:
         return True, checked
     rows = [r for r in verdict.rows if r.scope == ""]
@@ -82,8 +84,20 @@ def check(script: str, args: list[str], file: str, text: str, baseline: Baseline
     return True, f"{checked}; ag.verify: consistent ({order} order, {', '.join(points) or 'checked'})"
 
 
-def _compare(baseline: Baseline, leaves: Leaves, grads: Grads) -> str | None:
-    """Why the new gradients fail, or None where they pass."""
+def _compare(baseline: Baseline, leaves: Leaves, grads: Grads, losses: list[torch.Tensor]) -> str | None:
+    """Why the new gradients or losses fail, or None where they pass. The loss is compared too: a
+    step whose original gradients are NaN wherever a fix changes them (every element, behind a
+    singular op at the output) compares no gradient, and a fix that computes another function (a
+    reduction that lost its ``keepdim``) would pass on gradients alone."""
+    if len(losses) != len(baseline.losses):
+        return f"the changed script differentiated {len(losses)} values, not {len(baseline.losses)}"
+    for before, after in zip(baseline.losses, losses):
+        if after.shape != before.shape:
+            return f"changes the loss's shape from {tuple(before.shape)} to {tuple(after.shape)}"
+        moved = _moved(before, after)
+        if moved is not None:
+            return (f"changes the loss where it was finite: by up to {moved:.3g} (value of shape "
+                    f"{tuple(before.shape)})")
     new = _matched(baseline.leaves, leaves, grads)
     for i, (old, now) in enumerate(zip(baseline.grads, new)):
         if old is None:
@@ -93,14 +107,21 @@ def _compare(baseline: Baseline, leaves: Leaves, grads: Grads) -> str | None:
         if not bool(torch.isfinite(now).all()):
             return (f"{STILL_NOT_FINITE}: {int((~torch.isfinite(now)).sum())} elements of the "
                     f"tensor of shape {tuple(now.shape)}")
-        kept = torch.isfinite(old)
-        scale = float(old[kept].abs().max()) if bool(kept.any()) else 1.0
-        diff = (now - old).abs()[kept]
-        limit = ATOL * max(scale, 1.0) + RTOL * old.abs()[kept]
-        if bool((diff > limit).any()):
-            return (f"changes the gradient where it was finite: by up to {float(diff.max()):.3g} "
-                    f"(tensor of shape {tuple(old.shape)})")
+        moved = _moved(old, now)
+        if moved is not None:
+            return (f"changes the gradient where it was finite: by up to {moved:.3g} (tensor of shape "
+                    f"{tuple(old.shape)})")
     return None
+
+
+def _moved(old: torch.Tensor, now: torch.Tensor) -> float | None:
+    """How far ``now`` moved from ``old`` where ``old`` was finite, beyond rounding; None within it."""
+    old, now = old.detach().double(), now.detach().double()
+    kept = torch.isfinite(old)
+    scale = float(old[kept].abs().max()) if bool(kept.any()) else 1.0
+    diff = (now - old).abs()[kept]
+    limit = ATOL * max(scale, 1.0) + RTOL * old.abs()[kept]
+    return float(diff.max()) if bool((diff > limit).any()) else None
 
 
 def _matched(old_leaves: Leaves, new_leaves: Leaves, new_grads: Grads) -> Grads:

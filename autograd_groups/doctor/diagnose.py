@@ -67,7 +67,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         again, seen = replay(script, args, bad, start, eager=True)
     born_ran, upstream = diagnose_step(report, again.session, seen, again.stopped)
-    baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads,
+    baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads, again.session.last_losses,
                         any(b.create_graph for b in again.session.backwards))
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
                                "checks were turned off", upstream)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 #: The name the changes give the library where the file does not import it already.
 ALIAS = "ag"
+#: The mark a name of the tree carries where the file binds it by an import (a module, as a rule).
+IMPORTED = "_imported"
 
 
 @dataclass
@@ -20,6 +22,15 @@ class Source:
     path: str
     lines: list[str]
     tree: ast.Module
+
+    def __post_init__(self) -> None:
+        # The recognisers of native ops read a call on an imported name (``F.softmax(z)``) as a
+        # function's, not a tensor method's.
+        imported = {a.asname or a.name.split(".")[0] for n in ast.walk(self.tree)
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and node.id in imported:
+                setattr(node, IMPORTED, True)
 
     @classmethod
     def read(cls, path: str) -> Source | None:
@@ -100,25 +111,31 @@ class Source:
         read = {n.id for n in ast.walk(value) if isinstance(n, ast.Name)}
         # ``v = (v ** 2).sum()`` reads what it replaces: its value's ``v`` is gone on ``line``.
         later = [n for n in assigned if n.lineno >= setting[0].lineno and read & targets[id(n)]]
-        return None if later else value
+        # ``v[0] = 4.0`` or ``v.clamp_(1e-6)`` between the two changes what ``v`` holds.
+        between = [n for n in ast.walk(scope) if isinstance(n, (ast.stmt, ast.expr))
+                   and setting[0].lineno < n.lineno < line]
+        changed = any(_changes(n, name.id) for n in between)
+        return None if later or changed else value
 
     def calls_on(self, line: int, within: tuple[int, int] | None = None) -> list[ast.Call | ast.BinOp]:
         r"""The calls and binary operations (``x / y``) that start and end on ``line``, outermost
         first; with ``within`` (the columns of the call that made a value), those that hold it,
-        where any does: of two logs on a line, the one that made the value.
+        innermost first, where any does: of two logs on a line, the one that made the value; of
+        ``x / n / tau``, the division that made it before the one around it.
 
         >>> source = Source("f.py", ["y = torch.log(p) + torch.log(1 - p)\n"],
         ...                 ast.parse("y = torch.log(p) + torch.log(1 - p)"))
         >>> [source.segment(c) for c in source.calls_on(1, within=(19, 35))]
-        ['torch.log(p) + torch.log(1 - p)', 'torch.log(1 - p)']
+        ['torch.log(1 - p)', 'torch.log(p) + torch.log(1 - p)']
         """
         calls = [n for n in ast.walk(self.tree) if isinstance(n, (ast.Call, ast.BinOp)) and n.lineno == line
                  and n.end_lineno == line]
-        if within is not None:
-            start, end = within
-            holding = [c for c in calls if c.col_offset <= start and end <= (c.end_col_offset or 0)]
-            calls = holding or calls
-        return sorted(calls, key=lambda c: (c.col_offset, -(c.end_col_offset or 0)))
+        outermost = sorted(calls, key=lambda c: (c.col_offset, -(c.end_col_offset or 0)))
+        if within is None:
+            return outermost
+        start, end = within
+        holding = [c for c in calls if c.col_offset <= start and end <= (c.end_col_offset or 0)]
+        return sorted(holding, key=lambda c: (c.end_col_offset or 0) - c.col_offset) or outermost
 
     def segment(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.text, node) or ""
@@ -191,6 +208,25 @@ class Edit:
         if path.startswith(".."):
             old = new = os.path.abspath(self.source.path)
         return "".join(difflib.unified_diff(self.source.lines, self.lines, fromfile=old, tofile=new))
+
+
+def _changes(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` changes what the variable ``name`` holds without assigning it: an item or
+    an attribute set on it (``v[0] = 4.0``), or an in-place method (``v.clamp_(1e-6)``)."""
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(isinstance(t, (ast.Subscript, ast.Attribute)) and _root(t) == name for t in targets)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        attr = node.func.attr
+        return attr.endswith("_") and not attr.endswith("__") and _root(node.func.value) == name
+    return False
+
+
+def _root(node: ast.expr) -> str | None:
+    """The variable at the root of ``v[0].x``: ``v``."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 def indentation(source: Source, line: int) -> str:

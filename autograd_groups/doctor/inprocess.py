@@ -47,7 +47,7 @@ def doctor() -> Iterator[Diagnosis]:
             return
         report.status, report.step = "found", backward.index
         born_ran, upstream = diagnose_step(report, session, seen, True)
-        baseline = Baseline(backward, session.last_leaves, session.last_grads, False)
+        baseline = Baseline(backward, session.last_leaves, session.last_grads, session.last_losses, False)
         report.proposals = propose("", [], report, born_ran, baseline, RandomState.now(), check_them=False,
                                    unchecked=NOT_REPLAYED, upstream=upstream)
         session.around, session.after = None, None

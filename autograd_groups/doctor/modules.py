@@ -65,9 +65,9 @@ class _Changed(importlib.abc.MetaPathFinder):
         if not self.texts:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        origin = None if spec is None or spec.origin is None else os.path.abspath(spec.origin)
-        if origin not in self.texts:
+        if spec is None or spec.origin is None or os.path.abspath(spec.origin) not in self.texts:
             return None
+        origin = os.path.abspath(spec.origin)
         loader = _Text(origin, self.texts[origin])
         # A package's __init__ keeps its folder, for its relative imports.
         return importlib.util.spec_from_file_location(

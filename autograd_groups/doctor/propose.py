@@ -30,7 +30,7 @@ import torch
 from . import epsilon
 from .check import STILL_NOT_FINITE, Baseline, check
 from .classify import CLASSES
-from .edits import Edit, Source, indentation
+from .edits import IMPORTED, Edit, Source, indentation
 from .frames import is_users
 from .instruments import Ran
 from .locate import Born
@@ -200,7 +200,10 @@ def _finite_fill(upstream: Born) -> list[Candidate]:
         tensor, value = filled
         edit = Edit(source)
         edit.import_torch()
-        text = f"torch.finfo({source.segment(tensor)}.dtype).min"
+        scores = source.segment(tensor)
+        if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            scores = f"({scores})"  # (q @ k).dtype, not q @ k.dtype
+        text = f"torch.finfo({scores}.dtype).min"
         edit.replace(value, text)
         return [Candidate("rewrite", f"fill with `{text}` rather than -inf: a row whose every element is "
                                      f"filled then has a finite softmax, which the loss does not use, and "
@@ -294,8 +297,10 @@ def _normalized(node: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
             found = operand, f", dim={ast.unparse(dims[0])}"
     if found is None or ast.dump(found[0]) != ast.dump(x):
         return None
-    dim = [part for part in found[1].split(", ") if part.startswith("dim=")]
-    return (x, f", {dim[0]}") if dim else None
+    # The norm's options as a call's keywords: a dim may be a tuple, with commas of its own.
+    options = ast.parse(f"f(_{found[1]})", mode="eval").body
+    dims = [k.value for k in options.keywords if k.arg == "dim"]  # type: ignore[attr-defined]
+    return (x, f", dim={ast.unparse(dims[0])}") if dims else None
 
 
 def _log_softmax_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
@@ -310,7 +315,7 @@ def _log_softmax_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | No
     x = _unary(softmax, "softmax", extra=True)
     if x is None:
         return None
-    options = _reduction(softmax, keyword="dim")
+    options = _reduction(softmax, keyword="dim", names=("dim", "dtype"))
     return (x, options) if "dim=" in options else None
 
 
@@ -340,15 +345,19 @@ def _euclidean(call: ast.Call) -> bool:
     return all(_is_two(o) for o in orders)
 
 
-def _reduction(call: ast.Call, keyword: str | None) -> str:
-    """A sum's dimension and keepdim, as arguments to pass on (``dim=`` named by ``keyword``)."""
+def _reduction(call: ast.Call, keyword: str | None, names: tuple[str, str] = ("dim", "keepdim")) -> str:
+    """A call's dimension and its second option (a sum's ``keepdim``, a softmax's ``dtype``: the
+    ``names`` of its first two arguments), as arguments to pass on: the dimension named by
+    ``keyword`` (positional where None), the other by its name, given either way."""
     args = call.args if isinstance(call.func, ast.Attribute) and not _is_torch(call.func.value) \
         else call.args[1:]
     options = ""
     if args:
         options += f", {keyword}={ast.unparse(args[0])}" if keyword else f", {ast.unparse(args[0])}"
+    if len(args) > 1:
+        options += f", {names[1]}={ast.unparse(args[1])}"
     for k in call.keywords:
-        if k.arg in ("dim", "keepdim"):
+        if k.arg in names:
             options += f", {k.arg}={ast.unparse(k.value)}"
     return options
 
@@ -378,10 +387,12 @@ _REPLACEABLE = (
 
 
 def _is_torch(node: ast.expr) -> bool:
-    """Whether ``node`` is ``torch`` or one of its namespaces (``torch.linalg``)."""
+    """Whether ``node`` is a module, or one of its namespaces: ``torch``, ``torch.linalg``, or a
+    name the file imports (``F`` of ``import torch.nn.functional as F``). A call on one is a
+    function's (its first argument the operand), not a tensor method's."""
     while isinstance(node, ast.Attribute):
         node = node.value
-    return isinstance(node, ast.Name) and node.id == "torch"
+    return isinstance(node, ast.Name) and (node.id == "torch" or getattr(node, IMPORTED, False))
 
 
 def _unary(call: ast.Call, name: str, extra: bool = False) -> ast.expr | None:

@@ -94,6 +94,8 @@ class Session:
     #: keeps no gradient of an earlier step alive.
     last_leaves: Leaves = field(default_factory=list)
     last_grads: Grads = field(default_factory=list)
+    #: And the values it differentiated (its losses).
+    last_losses: list[torch.Tensor] = field(default_factory=list)
     _opened: bool = False
     _inside: bool = False
     #: Set where the session raised :class:`Stop`: a script that catches it (``except:``,
@@ -181,7 +183,7 @@ class Session:
                 high = scaler.get_scale() > STARTING_SCALE
                 backward.scaled_overflow = self.overflows < SCALER_SKIPS or high
         if self.after is not None:
-            self.last_leaves, self.last_grads = leaves, grads
+            self.last_leaves, self.last_grads, self.last_losses = leaves, grads, losses
             self.after(backward)
         if not backward.create_graph:
             self._end_step()
@@ -190,6 +192,7 @@ class Session:
             # Copies: a script that catches the Stop may zero its gradients in place.
             self.last_leaves = leaves
             self.last_grads = [None if g is None else g.detach().clone() for g in grads]
+            self.last_losses = [t.detach().clone() for t in losses]
             self._halt()
         return returned[0] if returned else None
 
