@@ -290,6 +290,36 @@ def test_a_native_op_keeps_what_the_expression_computes(lines: list[str], native
     assert f"\n+{native}\n" in proposal.diff
 
 
+_SPREAD = "    return (x[:, None] - x[None, :]).pow(2).sum(-1).sqrt().sum()\n"
+_TRAIN = "x = torch.zeros(3, 2, requires_grad=True)\nspread(x).backward()\n"
+
+
+@pytest.mark.parametrize("files", [
+    # Defined and trained inside the main block: the rule must be registered before the block.
+    {"train.py": "import torch\nif __name__ == '__main__':\n    def spread(x):\n    " + _SPREAD
+                 + "".join("    " + line + "\n" for line in _TRAIN.splitlines())},
+    # An import below the function: the library must be imported above its decorator.
+    {"train.py": "import torch\ndef spread(x):\n" + _SPREAD + "import math\n" + _TRAIN},
+    # A module of the user's that ends without a newline, whose function ends the file.
+    {"train.py": "import torch\nfrom helpers import spread\n" + _TRAIN,
+     "helpers.py": "def spread(x):\n" + _SPREAD.rstrip("\n")}])
+def test_a_rule_is_placed_where_it_runs_and_its_diff_applies(files: dict[str, str], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    report, _ = diagnose("train.py")
+    rule = next(p for p in report.proposals if p.kind == "rule")
+    assert rule.checked, rule.check
+    for i, proposal in enumerate(p for p in report.proposals if p.diff):
+        copy = tmp_path / f"copy{i}"
+        copy.mkdir()
+        for name in files:
+            shutil.copy(tmp_path / name, copy)
+        (copy / "fix.diff").write_text(proposal.diff)
+        subprocess.run(["git", "apply", "fix.diff"], cwd=copy, check=True)
+
+
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
     script = tmp_path / "divided.py"

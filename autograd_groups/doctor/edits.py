@@ -156,6 +156,8 @@ class Edit:
     def insert(self, before: int, new: list[str]) -> None:
         """Insert ``new`` lines before the original line ``before`` (past the end: append)."""
         index = self._at(before) if before <= len(self.source.lines) else len(self.lines)
+        if index == len(self.lines) and self.lines and not self.lines[-1].endswith("\n"):
+            self.lines[-1] += "\n"  # a file that ends without a newline: not joined to the new line
         self.lines[index:index] = [n if n.endswith("\n") else n + "\n" for n in new]
         self._inserted.append((before, len(new)))
 
@@ -191,8 +193,15 @@ class Edit:
             self._import("import torch")
 
     def _import(self, statement: str) -> None:
-        imports = [n for n in self.source.tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        after = max((n.end_lineno or n.lineno) for n in imports) if imports else 0
+        # After the docstring and the imports the file starts with: an import further down may
+        # come after the code that a change makes call the library.
+        after = 0
+        for i, node in enumerate(self.source.tree.body):
+            docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str)
+            if not (docstring or isinstance(node, (ast.Import, ast.ImportFrom))):
+                break
+            after = node.end_lineno or node.lineno
         self.insert(after + 1, [statement])
 
     @property
@@ -207,7 +216,10 @@ class Edit:
         old, new = f"a/{path}", f"b/{path}"
         if path.startswith(".."):
             old = new = os.path.abspath(self.source.path)
-        return "".join(difflib.unified_diff(self.source.lines, self.lines, fromfile=old, tofile=new))
+        lines = difflib.unified_diff(self.source.lines, self.lines, fromfile=old, tofile=new)
+        # A last line without a newline is marked, as diff does, or patch and git apply refuse it.
+        return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                       for line in lines)
 
 
 def _changes(node: ast.AST, name: str) -> bool:

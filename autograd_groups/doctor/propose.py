@@ -456,9 +456,14 @@ def _rule(source: Source, born: Born, ran: Ran | None, cls: str) -> Candidate | 
         first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
         edit.insert(function.lineno, [f'{indentation(source, first)}@{ag}.autograd_group("{name}")'])
         where = source.top_statement(function.lineno)
-        last = where if where is not None else function
-        after = last.end_lineno or last.lineno
-        edit.insert(after + 1, [f'{ag}.register_rule("{name}", {rule})'])
+        register = [f'{ag}.register_rule("{name}", {rule})']
+        if where is None or isinstance(where, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            last = where or function
+            edit.insert((last.end_lineno or last.lineno) + 1, register)
+        else:
+            # A definition inside a block that runs (``if __name__ == "__main__":``), which may
+            # train before it ends: the rule goes before the block.
+            edit.insert(where.lineno, register)
         summary = f"group {name!r} on {function.name}() with {rule}: {what}"
     else:
         statement, top = source.simple_statement(born.line), source.top_statement(born.line)
