@@ -320,6 +320,28 @@ def test_a_rule_is_placed_where_it_runs_and_its_diff_applies(files: dict[str, st
         subprocess.run(["git", "apply", "fix.diff"], cwd=copy, check=True)
 
 
+_LOGITS = ("model = torch.nn.Linear(4, 3)\n"
+           "x, target = torch.randn(2, 4), torch.tensor([0, 2])\n"
+           "ban = torch.tensor([[True, False, False], [False, False, False]])\n")
+
+
+@pytest.mark.parametrize("lines, op", [
+    # The target's logit filled with -inf, or masked by an additive -inf: an infinity meant, not an
+    # overflow of float32.
+    (_LOGITS + "logits = model(x).masked_fill(ban, float('-inf'))\n", "masked_fill"),
+    (_LOGITS + "logits = model(x) + torch.zeros(2, 3).masked_fill(ban, float('-inf'))\n", "add"),
+    # An in-place log at 0: its input holds -inf by the end of the step.
+    ("w = torch.nn.Parameter(torch.tensor([1.0, 0.0, 2.0]))\nlogits = w * 1.0\nlogits.log_()\n", "log_")])
+def test_an_infinity_given_or_at_a_pole_is_no_overflow(lines: str, op: str, tmp_path: Path) -> None:
+    script = tmp_path / "meant.py"
+    script.write_text("import torch\ntorch.manual_seed(0)\n" + lines
+                      + "loss = torch.nn.functional.cross_entropy(logits, target) if logits.dim() == 2 "
+                        "else logits.sum()\n"
+                        "loss.backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.phase, report.born.op) == ("C", "forward", op)
+
+
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
     script = tmp_path / "divided.py"

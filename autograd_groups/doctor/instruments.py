@@ -8,6 +8,7 @@ hooks themselves. An in-place call is the exception: its inputs are read before 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,16 +45,18 @@ def _flat(value: Any) -> Iterator[Any]:
 @dataclass
 class Call:
     """One torch call of the forward: its name, the user's line, its floating-point tensor inputs
-    and outputs, and for an in-place call whether each was finite when it ran."""
+    and outputs, for an in-place call whether each was finite when it ran, and whether a number it
+    was given is infinite or NaN (``masked_fill(mask, -inf)``: a value meant, not an overflow)."""
 
     op: str
     frame: Frame | None
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     finite_now: list[bool] | None = None
+    given_nonfinite: bool = False
 
 
-def _memory(tensor: torch.Tensor) -> int | None:
+def memory_of(tensor: torch.Tensor) -> int | None:
     """Where ``tensor``'s elements live (None for one with no memory of its own to compare, such
     as a sparse tensor): a view shares it with its base."""
     if tensor.layout != torch.strided or not compat.has_storage(tensor):
@@ -99,7 +102,9 @@ class ForwardWatch(TorchFunctionMode):
         frame = user_frame(2)
         plain_outputs = floating(outputs)
         finite_now = None if before is None else before + finite_flags(plain_outputs)
-        self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now))
+        numbers = [a for a in _flat([args, kwargs]) if isinstance(a, float)]
+        self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now,
+                               not all(map(math.isfinite, numbers))))
         if frame is not None and name not in _DIFFERENTIATING:
             for o in outputs:
                 self._claim(o.grad_fn, frame)
@@ -109,9 +114,9 @@ class ForwardWatch(TorchFunctionMode):
         """Read now the flags of the earlier calls whose tensors share memory with what an in-place
         call is about to change: read at the end of the step, a ``matmul``'s output that a
         ``masked_fill_`` then fills with ``-inf`` would look born non-finite in the ``matmul``."""
-        memory = {m for m in map(_memory, changing) if m is not None}
+        memory = {m for m in map(memory_of, changing) if m is not None}
         for call in self.calls:
-            if call.finite_now is None and any(_memory(t) in memory for t in (*call.inputs, *call.outputs)):
+            if call.finite_now is None and any(memory_of(t) in memory for t in (*call.inputs, *call.outputs)):
                 call.finite_now = finite_flags([*call.inputs, *call.outputs])
 
     def reset(self) -> None:

@@ -16,7 +16,7 @@ import torch
 
 from .. import compat, nodes
 from .frames import Frame
-from .instruments import Call, Ran
+from .instruments import Call, Ran, memory_of
 from .tensors import plain
 
 #: How many indices and values a report shows.
@@ -167,18 +167,25 @@ def born_forward(call: Call, tensor: torch.Tensor) -> Born:
 
 def overflowed(call: Call, tensor: torch.Tensor) -> bool:
     """Whether a forward birth looks like an overflow: infinities (not NaN) where no input is 0 or
-    non-finite, rather than a pole (``log(0)``, ``1 / 0``) or an undefined value (``sqrt(-1)``)."""
+    non-finite, rather than a pole (``log(0)``, ``1 / 0``), an undefined value (``sqrt(-1)``) or
+    an infinity the step was given (a ``-inf`` fill, an infinite target). An in-place call's input
+    holds its output by now: with nothing else to judge by, it is no overflow."""
     bad = ~torch.isfinite(tensor)
-    if bool(torch.isnan(tensor[bad]).any()):
+    if call.given_nonfinite or bool(torch.isnan(tensor[bad]).any()):
         return False
+    output = memory_of(tensor)
+    judged = False
     for value in call.inputs:
+        if output is not None and memory_of(value) == output:
+            continue
         try:
             there = torch.broadcast_to(value, tensor.shape)[bad]
         except RuntimeError:
             continue
-        if bool((there == 0).any()):
+        if bool((there == 0).any()) or not bool(torch.isfinite(there).all()):
             return False
-    return True
+        judged = True
+    return judged
 
 
 @dataclass
