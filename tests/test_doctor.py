@@ -342,6 +342,29 @@ def test_an_infinity_given_or_at_a_pole_is_no_overflow(lines: str, op: str, tmp_
     assert (report.cls, report.born.phase, report.born.op) == ("C", "forward", op)
 
 
+@pytest.mark.parametrize("change, cls", [
+    # The script writes a NaN into a weight between two steps: the optimizer left it finite.
+    ("    if step == 2:\n        with torch.no_grad():\n            model.weight[0, 0] = math.nan\n", "E"),
+    # The optimizer itself makes it NaN.
+    ("    if step == 2:\n        opt.param_groups[0]['lr'] = float('inf')\n", "F")])
+def test_a_parameter_the_script_made_non_finite_is_e_and_one_the_optimizer_made_is_f(
+        change: str, cls: str, tmp_path: Path) -> None:
+    script = tmp_path / "steps.py"
+    script.write_text("import math\nimport torch\n"
+                      "torch.manual_seed(0)\n"
+                      "model = torch.nn.Linear(3, 1)\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+                      "x, y = torch.randn(4, 3), torch.randn(4, 1)\n"
+                      "for step in range(5):\n"
+                      + change +
+                      "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
+                      "    opt.zero_grad()\n"
+                      "    loss.backward()\n"
+                      "    opt.step()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.op) == (cls, "linear")
+
+
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
     script = tmp_path / "divided.py"

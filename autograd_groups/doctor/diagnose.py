@@ -85,8 +85,10 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
     found = locate.forward(seen.forward.calls, seen.roots)
     back = locate.backward(seen.ran)
     earlier = session.backwards[:-1]
+    # F: the optimizer's step made a finite parameter non-finite; not where the step left it
+    # finite and the script changed it before this one.
     was_finite = bool(earlier) and earlier[-1].finite and earlier[-1].values_finite \
-        and session.optimizer_steps > 0
+        and session.optimizer_steps > 0 and session.stepped_finite is not True
     parameter = next((e for e in found.entered if e.parameter), None)
     data = next((e for e in found.entered if not e.parameter), None)
     reached = found.reached or (found.births[0] if found.births else None)

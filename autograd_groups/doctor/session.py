@@ -22,7 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from .. import compat
 from ..levels import graph_roots, passes_through
-from .tensors import finite_groups, leaves_of, plain
+from .tensors import all_finite, finite_groups, leaves_of, plain
 
 
 class Stop(BaseException):
@@ -104,6 +104,10 @@ class Session:
     _halt_hook: Any = None
     #: Consecutive loss-scaler overflows.
     overflows: int = 0
+    #: Whether the parameters of the optimizer step that ended the step before the window were
+    #: finite right after it (None: no such step): a parameter non-finite at the window's start
+    #: that the step left finite was made so by the script (a checkpoint loaded, an assignment).
+    stepped_finite: bool | None = None
 
     @property
     def bad(self) -> Backward | None:
@@ -248,8 +252,10 @@ class Session:
                 torch.autograd.backward, torch.autograd.grad = _REAL[:2]
                 torch.amp.GradScaler.scale = _REAL[2]  # type: ignore[method-assign]
 
-    def _stepped(self, *_: Any) -> None:
+    def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.optimizer_steps += 1
+        if self.window is not None and not self._opened and self.ends + 1 >= self.window:
+            self.stepped_finite = all_finite([p for group in optimizer.param_groups for p in group["params"]])
         self._end_step()
 
 
