@@ -365,6 +365,19 @@ def test_a_parameter_the_script_made_non_finite_is_e_and_one_the_optimizer_made_
     assert (report.cls, report.born.op) == (cls, "linear")
 
 
+@pytest.mark.parametrize("lines, cls", [
+    # Two micro-batches' finite gradients of 2e38 sum to more than float32 holds: no op made it.
+    ("v = torch.nn.Parameter(torch.ones(1))\nfor micro in range(2):\n    (v * 2e38).sum().backward()\n", "D"),
+    # The gradient given to the backward holds a NaN: data.
+    ("(w * 2).backward(torch.tensor([1.0, math.nan, 1.0]))\n", "E")])
+def test_a_finding_with_no_birth_is_told_by_what_the_backward_summed_or_was_given(
+        lines: str, cls: str, tmp_path: Path) -> None:
+    script = tmp_path / "unborn.py"
+    script.write_text("import math\nimport torch\nw = torch.nn.Parameter(torch.ones(3))\n" + lines)
+    report, _ = diagnose(str(script))
+    assert (report.status, report.cls, report.born) == ("found", cls, None)
+
+
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
     script = tmp_path / "divided.py"

@@ -47,6 +47,11 @@ class Evidence:
     backward_birth: bool
     incoming: str | None
     huge: bool
+    #: The gradient the backward was given (``loss.backward(g)``) was not finite: data.
+    seeded_nonfinite: bool = False
+    #: No op made a non-finite value, and the leaf gradients hold infinities, no NaN: their sum
+    #: over the step's backward passes overflowed.
+    accumulated_overflow: bool = False
 
 
 def classify(e: Evidence) -> str:
@@ -55,7 +60,8 @@ def classify(e: Evidence) -> str:
     follows; then a forward birth that reaches the loss is C, or D where it is an overflow (no
     gradient rule makes that loss finite); then a birth where the arriving gradient is 0 is A, even
     where a forward infinity made the infinite factor; a backward birth B, or D where it is an
-    overflow.
+    overflow. A gradient given to the backward that is not finite is E too; with no birth at all,
+    leaf gradients that overflowed as the step's backward passes summed them are D.
 
     >>> base = dict(reproduced=True, entered_parameter=False, entered_data=False,
     ...             parameters_were_finite=True, loss_finite=True, forward_birth=False,
@@ -67,7 +73,7 @@ def classify(e: Evidence) -> str:
         return "G"
     if e.entered_parameter:
         return "F" if e.parameters_were_finite else "E"
-    if e.entered_data:
+    if e.entered_data or e.seeded_nonfinite:
         return "E"
     if not e.loss_finite or (e.forward_birth and not e.backward_birth):
         return "D" if e.forward_overflow else "C"
@@ -75,7 +81,7 @@ def classify(e: Evidence) -> str:
         return "A"
     if e.backward_birth:
         return "D" if e.huge else "B"
-    return "C"
+    return "D" if e.accumulated_overflow else "C"
 
 
 def huge(values: list[torch.Tensor], dtype: torch.dtype) -> bool:

@@ -19,7 +19,7 @@ from .locate import Born
 from .propose import propose
 from .replay import Instrumented, RandomState, replay, run
 from .report import Appears, Diagnosis
-from .session import Session
+from .session import Grads, Session
 from .tensors import all_finite
 
 
@@ -110,7 +110,9 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         forward_overflow=reached is not None and locate.overflowed(reached[0], reached[1]),
         backward_birth=back.born is not None,
         incoming="zero" if carried else arrived,
-        huge=huge(values, dtype)))
+        huge=huge(values, dtype),
+        seeded_nonfinite=not seen.backward.seeded_finite,
+        accumulated_overflow=_overflowed_in_sum(session.last_grads)))
     entered = parameter or data
     if report.cls in ("E", "F") and entered is not None:
         report.born = locate.born_entered(entered)
@@ -132,3 +134,9 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         if born is None or (appears.node, appears.file, appears.line) != (born.node, born.file, born.line):
             report.appears = appears
     return back.born, None if reached is None else locate.born_forward(reached[0], reached[1])
+
+
+def _overflowed_in_sum(grads: Grads) -> bool:
+    """Whether the non-finite leaf gradients hold infinities only, no NaN."""
+    bad = [g[~torch.isfinite(g)] for g in grads if g is not None and not bool(torch.isfinite(g).all())]
+    return bool(bad) and not any(bool(torch.isnan(b).any()) for b in bad)

@@ -22,7 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from .. import compat
 from ..levels import graph_roots, passes_through
-from .tensors import all_finite, finite_groups, leaves_of, plain
+from .tensors import all_finite, finite_groups, floating, leaves_of, plain
 
 
 class Stop(BaseException):
@@ -45,6 +45,8 @@ class Backward:
     values_finite: bool = True
     #: A loss scaler's deliberate overflow: its step is skipped and its scale lowered, no finding.
     scaled_overflow: bool = False
+    #: Whether the gradient it was given (``loss.backward(g)``) was finite; read where it went bad.
+    seeded_finite: bool = True
 
     @property
     def finite(self) -> bool:
@@ -126,7 +128,7 @@ class Session:
         self._maybe_open_window()
 
     def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
-                 call: Callable[[], Any]) -> Any:
+                 call: Callable[[], Any], seed: Any = None) -> Any:
         """Run the backward ``call`` (a partial of autograd's own entry point) and watch it."""
         # A compiler differentiating its graph while it traces is no step; a backward inside a watched
         # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
@@ -137,12 +139,12 @@ class Session:
             return call()
         self._inside = True
         try:
-            return self._watch(roots, create_graph, inputs, call)
+            return self._watch(roots, create_graph, inputs, call, seed)
         finally:
             self._inside = False
 
     def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
-               call: Callable[[], Any]) -> Any:
+               call: Callable[[], Any], seed: Any) -> Any:
         # This runs around every backward of a training run: the common case (no torch.func, no
         # compiler, nothing around it) does as little as it can.
         self._maybe_open_window()
@@ -180,6 +182,8 @@ class Session:
         if backward.finite:
             self.overflows = 0
         else:
+            seeds = [seed] if isinstance(seed, torch.Tensor) else list(seed or [])
+            backward.seeded_finite = all_finite(floating(seeds))
             scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
             if scaler is not None:
                 self.overflows += 1
@@ -276,7 +280,7 @@ def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, 
     roots = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
     call = functools.partial(_REAL[0], tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                              inputs=inputs)
-    _sessions[-1]._watched(roots, create_graph, inputs, call)
+    _sessions[-1]._watched(roots, create_graph, inputs, call, grad_tensors)
 
 
 def _scale(scaler: Any, outputs: Any) -> Any:
@@ -290,7 +294,8 @@ def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
     create_graph = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
     roots = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     call = functools.partial(_REAL[1], outputs, inputs, *args, **kwargs)
-    return _sessions[-1]._watched(roots, create_graph, inputs, call)
+    seed = kwargs.get("grad_outputs", args[0] if args else None)
+    return _sessions[-1]._watched(roots, create_graph, inputs, call, seed)
 
 
 # torch.func.grad tells its own backward from one its function starts by who calls autograd: these
