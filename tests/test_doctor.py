@@ -378,6 +378,29 @@ def test_a_finding_with_no_birth_is_told_by_what_the_backward_summed_or_was_give
     assert (report.status, report.cls, report.born) == ("found", cls, None)
 
 
+@pytest.mark.parametrize("forward, backward, found", [
+    ("x * math.nan", "g * 2", ("C", "forward", "Bad")),
+    ("x * 2", "g * math.nan", ("B", "backward", "bad"))])
+def test_a_custom_function_is_located_at_the_line_that_applies_it(forward: str, backward: str, found: tuple,
+                                                                  tmp_path: Path) -> None:
+    """``Function.apply`` is no torch function: the forward's mode is told of it all the same, so a
+    NaN its forward makes is born there (not data entering the next op), and its node has its line."""
+    script = tmp_path / "custom.py"
+    script.write_text("import math\nimport torch\n"
+                      "class Bad(torch.autograd.Function):\n"
+                      "    @staticmethod\n"
+                      f"    def forward(ctx, x):\n        return {forward}\n"
+                      "    @staticmethod\n"
+                      f"    def backward(ctx, g):\n        return {backward}\n"
+                      "w = torch.nn.Parameter(torch.ones(3))\n"
+                      "y = Bad.apply(w * 3)\n"
+                      "y.sum().backward()\n")
+    original = torch.autograd.Function.__dict__["apply"]
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.phase, report.born.op, report.born.line) == (*found, 11)
+    assert torch.autograd.Function.__dict__["apply"] is original  # the replay put it back
+
+
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
     script = tmp_path / "divided.py"

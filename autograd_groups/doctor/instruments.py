@@ -76,6 +76,8 @@ class ForwardWatch(TorchFunctionMode):
         #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
         #: itself may run inside it) but records nothing more.
         self.recording: bool = True
+        #: ``torch.autograd.Function``'s own ``apply`` while the mode is on.
+        self._apply: Any = None
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -96,9 +98,14 @@ class ForwardWatch(TorchFunctionMode):
             self._freeze(inputs)
             before = finite_flags(inputs)
         out = func(*args, **kwargs)
+        self._record(name, args, kwargs, inputs, out, before)
+        return out
+
+    def _record(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], inputs: list[torch.Tensor],
+                out: Any, before: list[bool] | None) -> None:
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
         if not any(o.requires_grad for o in outputs):  # a mask, a detached copy: data from here on
-            return out
+            return
         frame = user_frame(2)
         plain_outputs = floating(outputs)
         finite_now = None if before is None else before + finite_flags(plain_outputs)
@@ -108,7 +115,26 @@ class ForwardWatch(TorchFunctionMode):
         if frame is not None and name not in _DIFFERENTIATING:
             for o in outputs:
                 self._claim(o.grad_fn, frame)
-        return out
+
+    def __enter__(self) -> ForwardWatch:
+        # A custom autograd.Function's apply is no torch function: the mode would not see it, and
+        # its node would take the line of the next call that is one.
+        original = self._apply = torch.autograd.Function.__dict__["apply"]
+        watch = self
+
+        def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+            given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
+            out = original.__get__(None, cls)(*args, **kwargs)
+            if watch.recording and torch.is_grad_enabled() and any(a.requires_grad for a in given):
+                watch._record(cls.__name__, args, kwargs, floating(given), out, None)
+            return out
+
+        torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
     def _freeze(self, changing: Sequence[torch.Tensor]) -> None:
         """Read now the flags of the earlier calls whose tensors share memory with what an in-place
