@@ -151,10 +151,14 @@ def _describe(tensor: torch.Tensor) -> str:
 
 
 def born_forward(call: Call, tensor: torch.Tensor) -> Born:
-    """The report of a forward birth: the call, its line, the elements and the inputs there."""
+    """The report of a forward birth: the call, its line, the elements and the inputs there (not
+    an in-place call's input, which holds its output by now)."""
     bad = ~torch.isfinite(tensor)
     values: dict[str, Any] = {}
+    output = memory_of(tensor)
     for i, value in enumerate(call.inputs):
+        if output is not None and memory_of(value) == output:
+            continue
         try:
             there = torch.broadcast_to(value, tensor.shape)[bad]
         except RuntimeError:
