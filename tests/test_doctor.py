@@ -344,6 +344,15 @@ def test_an_infinity_given_or_at_a_pole_is_no_overflow(lines: str, op: str, tmp_
         assert report.born.values == {}
 
 
+def test_a_mean_whose_sum_overflows_is_an_overflow(tmp_path: Path) -> None:
+    """Every element finite and none 0: the reduction's sum passes float32's range (D), though no
+    element of its input lines up with its one output."""
+    script = tmp_path / "mean.py"
+    script.write_text("import torch\nw = torch.nn.Parameter(torch.ones(8))\n(w * 3e38).mean().backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.phase, report.born.op) == ("D", "forward", "mean")
+
+
 @pytest.mark.parametrize("change, cls", [
     # The script writes a NaN into a weight between two steps: the optimizer left it finite.
     ("    if step == 2:\n        with torch.no_grad():\n            model.weight[0, 0] = math.nan\n", "E"),

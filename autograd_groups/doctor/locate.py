@@ -178,18 +178,15 @@ def overflowed(call: Call, tensor: torch.Tensor) -> bool:
     if call.given_nonfinite or bool(torch.isnan(tensor[bad]).any()):
         return False
     output = memory_of(tensor)
-    judged = False
-    for value in call.inputs:
-        if output is not None and memory_of(value) == output:
-            continue
+    others = [value for value in call.inputs if output is None or memory_of(value) != output]
+    for value in others:
         try:
             there = torch.broadcast_to(value, tensor.shape)[bad]
-        except RuntimeError:
+        except RuntimeError:  # a reduction (a mean whose sum overflows): no element to compare
             continue
         if bool((there == 0).any()) or not bool(torch.isfinite(there).all()):
             return False
-        judged = True
-    return judged
+    return bool(others)
 
 
 @dataclass
