@@ -378,8 +378,10 @@ _REPLACEABLE = (
      {"native": "a native op that is 0 where x is 0, with a hand-written backward",
       "builtin": "the built-in group, with torch.xlogy's gradient where x is 0"}),
     (("div", "atan"), _atan_of_ratio, "torch.atan2", "atan2",
-     {"native": "a native op with a hand-written backward, finite where x is 0",
-      "builtin": "the built-in group, with torch.atan2's gradient where x is 0"}),
+     {"native": "a native op with a hand-written backward, finite where x is 0; the same angle "
+                "where x > 0 only (pi apart where x < 0)",
+      "builtin": "the built-in group, with torch.atan2's gradient where x is 0; the same angle "
+                 "where x > 0 only (pi apart where x < 0)"}),
     (("div",), _normalized, "torch.nn.functional.normalize", "normalize",
      {"native": "a native op that divides by max(norm, eps): finite at a zero vector",
       "builtin": "the built-in group, with the native op's gradient at a zero vector"}),
