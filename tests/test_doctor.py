@@ -20,6 +20,7 @@ import torch
 import autograd_groups as ag
 from autograd_groups.cli import main
 from autograd_groups.doctor.diagnose import diagnose
+from autograd_groups.doctor.report import Diagnosis
 from autograd_groups.doctor.session import Session, Stop
 from autograd_groups.doctor.tensors import finite_groups
 from autograd_groups.script import run_script
@@ -230,6 +231,12 @@ def test_a_variable_assigned_from_itself_is_not_looked_through(tmp_path: Path) -
     assert report.cls == "B" and not any(p.kind == "native" for p in report.proposals)
 
 
+def _diagnosed(script: Path, text: str) -> Diagnosis:
+    """The doctor's report on ``text``, written as ``script``."""
+    script.write_text(text)
+    return diagnose(str(script))[0]
+
+
 def _natively(expression: str, inputs: str, tmp_path: Path) -> list:
     script = tmp_path / "native.py"
     script.write_text(f"import torch\n{inputs}\n"
@@ -282,9 +289,7 @@ def test_x_log_y_and_atan_of_a_ratio_get_their_native_ops(expression: str, nativ
      "    return (torch.nn.functional.normalize(x, dim=(1, 2)))[1].sum()")])
 def test_a_native_op_keeps_what_the_expression_computes(lines: list[str], native: str,
                                                        tmp_path: Path) -> None:
-    script = tmp_path / "native.py"
-    script.write_text("\n".join(["import torch", *lines, "f(x).backward()", ""]))
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "native.py", "\n".join(["import torch", *lines, "f(x).backward()", ""]))
     proposal = report.proposals[0]
     assert (proposal.kind, proposal.checked) == ("native", True), proposal.check
     assert f"\n+{native}\n" in proposal.diff
@@ -333,12 +338,11 @@ _LOGITS = ("model = torch.nn.Linear(4, 3)\n"
     # An in-place log at 0: its input holds -inf by the end of the step.
     ("w = torch.nn.Parameter(torch.tensor([1.0, 0.0, 2.0]))\nlogits = w * 1.0\nlogits.log_()\n", "log_")])
 def test_an_infinity_given_or_at_a_pole_is_no_overflow(lines: str, op: str, tmp_path: Path) -> None:
-    script = tmp_path / "meant.py"
-    script.write_text("import torch\ntorch.manual_seed(0)\n" + lines
-                      + "loss = torch.nn.functional.cross_entropy(logits, target) if logits.dim() == 2 "
-                        "else logits.sum()\n"
-                        "loss.backward()\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "meant.py",
+                        "import torch\ntorch.manual_seed(0)\n" + lines
+                        + "loss = torch.nn.functional.cross_entropy(logits, target) if logits.dim() == 2 "
+                          "else logits.sum()\n"
+                          "loss.backward()\n")
     assert (report.cls, report.born.phase, report.born.op) == ("C", "forward", op)
     if op == "log_":  # its input holds -inf by now: not shown as the value it was
         assert report.born.values == {}
@@ -347,9 +351,8 @@ def test_an_infinity_given_or_at_a_pole_is_no_overflow(lines: str, op: str, tmp_
 def test_a_mean_whose_sum_overflows_is_an_overflow(tmp_path: Path) -> None:
     """Every element finite and none 0: the reduction's sum passes float32's range (D), though no
     element of its input lines up with its one output."""
-    script = tmp_path / "mean.py"
-    script.write_text("import torch\nw = torch.nn.Parameter(torch.ones(8))\n(w * 3e38).mean().backward()\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "mean.py",
+                        "import torch\nw = torch.nn.Parameter(torch.ones(8))\n(w * 3e38).mean().backward()\n")
     assert (report.cls, report.born.phase, report.born.op) == ("D", "forward", "mean")
 
 
@@ -360,19 +363,17 @@ def test_a_mean_whose_sum_overflows_is_an_overflow(tmp_path: Path) -> None:
     ("    if step == 2:\n        opt.param_groups[0]['lr'] = float('inf')\n", "F")])
 def test_a_parameter_the_script_made_non_finite_is_e_and_one_the_optimizer_made_is_f(
         change: str, cls: str, tmp_path: Path) -> None:
-    script = tmp_path / "steps.py"
-    script.write_text("import math\nimport torch\n"
-                      "torch.manual_seed(0)\n"
-                      "model = torch.nn.Linear(3, 1)\n"
-                      "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
-                      "x, y = torch.randn(4, 3), torch.randn(4, 1)\n"
-                      "for step in range(5):\n"
-                      + change +
-                      "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
-                      "    opt.zero_grad()\n"
-                      "    loss.backward()\n"
-                      "    opt.step()\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "steps.py", "import math\nimport torch\n"
+                                               "torch.manual_seed(0)\n"
+                                               "model = torch.nn.Linear(3, 1)\n"
+                                               "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+                                               "x, y = torch.randn(4, 3), torch.randn(4, 1)\n"
+                                               "for step in range(5):\n"
+                                               + change +
+                                               "    loss = torch.nn.functional.mse_loss(model(x), y)\n"
+                                               "    opt.zero_grad()\n"
+                                               "    loss.backward()\n"
+                                               "    opt.step()\n")
     assert (report.cls, report.born.op) == (cls, "linear")
 
 
@@ -383,9 +384,8 @@ def test_a_parameter_the_script_made_non_finite_is_e_and_one_the_optimizer_made_
     ("(w * 2).backward(torch.tensor([1.0, math.nan, 1.0]))\n", "E")])
 def test_a_finding_with_no_birth_is_told_by_what_the_backward_summed_or_was_given(
         lines: str, cls: str, tmp_path: Path) -> None:
-    script = tmp_path / "unborn.py"
-    script.write_text("import math\nimport torch\nw = torch.nn.Parameter(torch.ones(3))\n" + lines)
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "unborn.py",
+                        "import math\nimport torch\nw = torch.nn.Parameter(torch.ones(3))\n" + lines)
     assert (report.status, report.cls, report.born) == ("found", cls, None)
 
 
@@ -396,33 +396,30 @@ def test_a_custom_function_is_located_at_the_line_that_applies_it(forward: str, 
                                                                   tmp_path: Path) -> None:
     """``Function.apply`` is no torch function: the forward's mode is told of it all the same, so a
     NaN its forward makes is born there (not data entering the next op), and its node has its line."""
-    script = tmp_path / "custom.py"
-    script.write_text("import math\nimport torch\n"
-                      "class Bad(torch.autograd.Function):\n"
-                      "    @staticmethod\n"
-                      f"    def forward(ctx, x):\n        return {forward}\n"
-                      "    @staticmethod\n"
-                      f"    def backward(ctx, g):\n        return {backward}\n"
-                      "w = torch.nn.Parameter(torch.ones(3))\n"
-                      "y = Bad.apply(w * 3)\n"
-                      "y.sum().backward()\n")
     original = torch.autograd.Function.__dict__["apply"]
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "custom.py", "import math\nimport torch\n"
+                                                "class Bad(torch.autograd.Function):\n"
+                                                "    @staticmethod\n"
+                                                f"    def forward(ctx, x):\n        return {forward}\n"
+                                                "    @staticmethod\n"
+                                                f"    def backward(ctx, g):\n        return {backward}\n"
+                                                "w = torch.nn.Parameter(torch.ones(3))\n"
+                                                "y = Bad.apply(w * 3)\n"
+                                                "y.sum().backward()\n")
     assert (report.cls, report.born.phase, report.born.op, report.born.line) == (*found, 11)
     assert torch.autograd.Function.__dict__["apply"] is original  # the replay put it back
 
 
 def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) -> None:
     """Of two divisions on the line, the one by the norm, not the one around it."""
-    script = tmp_path / "divided.py"
-    script.write_text("import torch\n"
-                      "x = torch.zeros(2, 3)\n"
-                      "x[1] = 1.0\n"
-                      "x.requires_grad_()\n"
-                      "def f(x):\n"
-                      "    return (x / x.norm(dim=-1, keepdim=True) / 2.0)[1].sum()\n"
-                      "f(x).backward()\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "divided.py",
+                        "import torch\n"
+                        "x = torch.zeros(2, 3)\n"
+                        "x[1] = 1.0\n"
+                        "x.requires_grad_()\n"
+                        "def f(x):\n"
+                        "    return (x / x.norm(dim=-1, keepdim=True) / 2.0)[1].sum()\n"
+                        "f(x).backward()\n")
     epsilon = next(p for p in report.proposals if p.summary.startswith("not recommended"))
     assert "\n+    return (x / (x.norm(dim=-1, keepdim=True) + 1e-12) / 2.0)[1].sum()\n" in epsilon.diff
 
@@ -431,15 +428,13 @@ def test_the_epsilon_goes_into_the_division_that_made_the_value(tmp_path: Path) 
 def test_a_variable_changed_in_place_is_not_looked_through(change: str, tmp_path: Path) -> None:
     """The square root takes a variable whose sum of squares was changed after it was assigned: a
     norm of the expression would drop the change, so no native op is proposed."""
-    script = tmp_path / "changed.py"
-    script.write_text("import torch\n"
-                      "x = torch.zeros(3, 2, requires_grad=True)\n"
-                      "def f(x):\n"
-                      "    sq = (x[:, None] - x[None, :]).pow(2).sum(-1)\n"
-                      f"    {change}\n"
-                      "    return sq.sqrt().mean()\n"
-                      "f(x).backward()\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "changed.py", "import torch\n"
+                                                 "x = torch.zeros(3, 2, requires_grad=True)\n"
+                                                 "def f(x):\n"
+                                                 "    sq = (x[:, None] - x[None, :]).pow(2).sum(-1)\n"
+                                                 f"    {change}\n"
+                                                 "    return sq.sqrt().mean()\n"
+                                                 "f(x).backward()\n")
     assert report.cls == "B" and [p.kind for p in report.proposals][:1] == ["rule"]
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 #: The name the changes give the library where the file does not import it already.
 ALIAS = "ag"
 #: The mark a name of the tree carries where the file binds it by an import (a module, as a rule).
-IMPORTED = "_imported"
+_IMPORTED = "_imported"
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Source:
                     if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Name) and node.id in imported:
-                setattr(node, IMPORTED, True)
+                setattr(node, _IMPORTED, True)
 
     @classmethod
     def read(cls, path: str) -> Source | None:
@@ -239,6 +239,15 @@ def _root(node: ast.expr) -> str | None:
     while isinstance(node, (ast.Subscript, ast.Attribute)):
         node = node.value
     return node.id if isinstance(node, ast.Name) else None
+
+
+def is_module(node: ast.expr) -> bool:
+    """Whether ``node`` is a module, or one of its namespaces: ``torch``, ``torch.linalg``, or a
+    name the file imports (``F`` of ``import torch.nn.functional as F``). A call on one is a
+    function's (its first argument the operand), not a tensor method's."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return isinstance(node, ast.Name) and (node.id == "torch" or getattr(node, _IMPORTED, False))
 
 
 def indentation(source: Source, line: int) -> str:

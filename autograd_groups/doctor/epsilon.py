@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from .edits import Edit, Source
+from .edits import Edit, Source, is_module
 
 #: The epsilons people write, smallest first.
 EPSILONS = (1e-12, 1e-8)
@@ -51,7 +51,7 @@ def _argument(node: ast.expr, op: str) -> ast.expr | None:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or node.func.attr != op:
         return None
     base = node.func.value
-    if isinstance(base, ast.Name) and base.id == "torch":
+    if is_module(base):
         return node.args[0] if len(node.args) == 1 and not node.keywords else None
     return None if node.args or node.keywords else base
 

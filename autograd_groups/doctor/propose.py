@@ -22,6 +22,7 @@ or a package's: a NaN born inside a library call is fixed by wrapping the call.
 from __future__ import annotations
 
 import ast
+import math
 import os
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import torch
 from . import epsilon
 from .check import STILL_NOT_FINITE, Baseline, check
 from .classify import CLASSES
-from .edits import IMPORTED, Edit, Source, indentation
+from .edits import Edit, Source, indentation, is_module
 from .frames import is_users
 from .instruments import Ran
 from .locate import Born
@@ -217,14 +218,14 @@ def _filled_with_minus_infinity(call: ast.expr) -> tuple[ast.expr, ast.expr] | N
     ``torch.where(keep, tensor, value)`` (either way round)."""
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute):
         return None
-    if call.func.attr == "where" and _is_torch(call.func.value) and len(call.args) == 3:
+    if call.func.attr == "where" and is_module(call.func.value) and len(call.args) == 3:
         first, second = call.args[1:]
         if _minus_infinity(second):
             return first, second
         return (second, first) if _minus_infinity(first) else None
     if call.func.attr not in ("masked_fill", "masked_fill_"):
         return None
-    if _is_torch(call.func.value):
+    if is_module(call.func.value):
         tensor, rest = (call.args[0], call.args[1:]) if call.args else (None, [])
     else:
         tensor, rest = call.func.value, call.args
@@ -234,17 +235,24 @@ def _filled_with_minus_infinity(call: ast.expr) -> tuple[ast.expr, ast.expr] | N
 
 def _minus_infinity(node: ast.expr) -> bool:
     """``float("-inf")``, ``-float("inf")``, ``-math.inf``, ``-torch.inf``, ``-np.inf``."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" \
-            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant):
-        return str(node.args[0].value).strip().lower() in ("-inf", "-infinity")
+    return _number(node) == -math.inf
+
+
+def _number(node: ast.expr) -> float | None:
+    """The value of a number written as ``float("...")``, ``<module>.inf`` or their negation."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = node.operand
-        if isinstance(inner, ast.Attribute) and inner.attr == "inf":
-            return True
-        return isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "float" \
-            and len(inner.args) == 1 and isinstance(inner.args[0], ast.Constant) \
-            and str(inner.args[0].value).strip().lower() in ("inf", "infinity")
-    return False
+        value = _number(node.operand)
+        return None if value is None else -value
+    if isinstance(node, ast.Attribute) and node.attr == "inf":
+        return math.inf
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "float" \
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        try:
+            return float(node.args[0].value)
+        except ValueError:
+            return None
+    return None
 
 
 def _norm_of(call: ast.expr, source: Source) -> tuple[ast.expr, str] | None:
@@ -340,7 +348,7 @@ def _atan_of_ratio(call: ast.expr, source: Source) -> tuple[ast.expr, str] | Non
 
 def _euclidean(call: ast.Call) -> bool:
     """Whether a norm call's order is 2 (given or by default), by keyword or position."""
-    orders = call.args[1:2] if _is_torch(call.func.value) else call.args[:1]  # type: ignore[attr-defined]
+    orders = call.args[1:2] if is_module(call.func.value) else call.args[:1]  # type: ignore[attr-defined]
     orders += [k.value for k in call.keywords if k.arg in ("p", "ord")]
     return all(_is_two(o) for o in orders)
 
@@ -349,7 +357,7 @@ def _reduction(call: ast.Call, keyword: str | None, names: tuple[str, str] = ("d
     """A call's dimension and its second option (a sum's ``keepdim``, a softmax's ``dtype``: the
     ``names`` of its first two arguments), as arguments to pass on: the dimension named by
     ``keyword`` (positional where None), the other by its name, given either way."""
-    args = call.args if isinstance(call.func, ast.Attribute) and not _is_torch(call.func.value) \
+    args = call.args if isinstance(call.func, ast.Attribute) and not is_module(call.func.value) \
         else call.args[1:]
     options = ""
     if args:
@@ -388,21 +396,12 @@ _REPLACEABLE = (
 )
 
 
-def _is_torch(node: ast.expr) -> bool:
-    """Whether ``node`` is a module, or one of its namespaces: ``torch``, ``torch.linalg``, or a
-    name the file imports (``F`` of ``import torch.nn.functional as F``). A call on one is a
-    function's (its first argument the operand), not a tensor method's."""
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return isinstance(node, ast.Name) and (node.id == "torch" or getattr(node, IMPORTED, False))
-
-
 def _unary(call: ast.Call, name: str, extra: bool = False) -> ast.expr | None:
     """The operand of ``x.name(...)`` or ``torch.name(x, ...)`` (``extra``: other arguments allowed)."""
     f = call.func
     if not isinstance(f, ast.Attribute) or f.attr != name:
         return None
-    if _is_torch(f.value):
+    if is_module(f.value):
         return call.args[0] if call.args and (extra or len(call.args) == 1) else None
     return f.value if extra or not call.args else None
 
@@ -413,12 +412,12 @@ def _square_of(node: ast.expr) -> ast.expr | None:
     if isinstance(node, ast.Call):
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "pow":
-            if _is_torch(f.value) and len(node.args) == 2 and _is_two(node.args[1]):
+            if is_module(f.value) and len(node.args) == 2 and _is_two(node.args[1]):
                 return node.args[0]
-            if not _is_torch(f.value) and len(node.args) == 1 and _is_two(node.args[0]):
+            if not is_module(f.value) and len(node.args) == 1 and _is_two(node.args[0]):
                 return f.value
         if isinstance(f, ast.Attribute) and f.attr == "square":
-            return node.args[0] if _is_torch(f.value) and node.args else (None if node.args else f.value)
+            return node.args[0] if is_module(f.value) and node.args else (None if node.args else f.value)
     return None
 
 

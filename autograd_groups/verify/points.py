@@ -507,8 +507,11 @@ def same_values(wide: Point, narrow: Point) -> bool:
     dtype's machine epsilon of float64's, relatively; infinities equal, no NaN. Where they are not
     (a length whose squares underflow float32 is 0 there), the recorded point is another point of
     the function than its float64 copies."""
-    with flag.restored(flag.FlagState(False)), tracer.hidden():
-        found = [Probe(p, 1)._run([differentiable(x) for x in p.inputs])[1] for p in (wide, narrow)]
+    found = []
+    for p in (wide, narrow):
+        # Each from the same random state, as the probes run it.
+        with flag.restored(flag.FlagState(False)), tracer.hidden(), seeded():
+            found.append(outputs_of(p.run([differentiable(x) for x in p.inputs])))
     if len(found[0]) != len(found[1]):
         return False
     for exact, rounded in zip(*found):
