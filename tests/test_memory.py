@@ -117,6 +117,7 @@ def _assert_no_leak(step: Callable[[int], list[weakref.ref[Any]]], iterations: i
     at most, once (Python's, torch's and pytest's lazily filled caches, now and then), while a
     leak of one object per step would add ``iterations``.
     """
+    gc.collect()  # the young garbage of what ran before (a verify run's cycles) is not the subject
     for i in range(WARM_UP):
         step(i)
     if "torch._dynamo" in sys.modules:
@@ -176,6 +177,9 @@ def test_non_reentrant_checkpoint_leaves_no_objects_or_cycles() -> None:
         assert _cycles(generation=0) == Counter()
         return refs
 
+    # The rule's first firing at this call site is checked once (sites/first_order.py), by a run
+    # whose recorder and group instance hold each other: garbage of one check, not of each step.
+    backward()
     _assert_no_leak(step, 1000)
 
 
