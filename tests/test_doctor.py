@@ -5,6 +5,7 @@ wherever those were finite."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -21,7 +22,7 @@ import autograd_groups as ag
 from autograd_groups.cli import main
 from autograd_groups.doctor.diagnose import diagnose
 from autograd_groups.doctor.report import Diagnosis
-from autograd_groups.doctor.session import Session, Stop
+from autograd_groups.doctor.session import Backward, Session, Stop
 from autograd_groups.doctor.tensors import finite_groups
 from autograd_groups.script import run_script
 from tests.conftest import line_of
@@ -1083,3 +1084,20 @@ def test_the_watch_keeps_the_gradients_of_the_backward_that_ends_the_script_and_
     # a copy: a script that catches the Stop may zero its gradients in place
     assert session.last_grads[0] is not w.grad and torch.equal(session.last_grads[0], w.grad)
     assert w.grad.tolist() == [6.0, 6.0, 6.0]
+
+
+def test_a_long_run_keeps_no_record_per_backward() -> None:
+    # The watch runs for as many steps as the script takes to go bad: it keeps the first bad
+    # backward, the last two and counts, not one record per backward.
+    def records() -> int:
+        gc.collect()
+        return sum(type(o) is Backward for o in gc.get_objects())
+
+    w = torch.ones(3, requires_grad=True)
+    session, before = Session(stops=False), records()
+    with session.installed():
+        for i in range(2000):
+            (w * (math.nan if i == 1500 else 1.0)).sum().backward()
+    assert records() - before == 3 and session.count == 2000
+    assert session.bad is not None and session.bad.index == 1501
+    assert session.last is not None and session.last.index == 2000 and session.before_last.index == 1999

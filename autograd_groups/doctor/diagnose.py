@@ -44,7 +44,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     graphs = compat.graphs_compiled()
     first = run(script, args, Session(limit=steps), start)
     bad = first.session.bad
-    watched = len(first.session.backwards)
+    watched = first.session.count
     if bad is None:
         clean = Diagnosis("clean", watched)
         if first.session.overflows:
@@ -60,7 +60,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
         report.notes.append(f"one process was diagnosed: rank {rank} of {size}; the others may differ")
     # A compiled backward, or any graph Dynamo compiled for the script (backend="eager" makes no
     # compiled backward).
-    compiled = any(b.compiled for b in first.session.backwards) or compat.graphs_compiled() > graphs
+    compiled = first.session.compiled or compat.graphs_compiled() > graphs
     if compiled:
         report.notes.append("the script compiles: the bad step was replayed eagerly "
                             "(torch.compiler.set_stance('force_eager'))")
@@ -68,7 +68,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
         again, seen = replay(script, args, bad, start, eager=True)
     born_ran, upstream = diagnose_step(report, again.session, seen, again.stopped)
     baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads, again.session.last_losses,
-                        any(b.create_graph for b in again.session.backwards))
+                        again.session.create_graph)
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
                                "checks were turned off", upstream)
     return report, Exit(0)
@@ -84,10 +84,10 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         return None, None
     found = locate.forward(seen.forward.calls, seen.roots)
     back = locate.backward(seen.ran)
-    earlier = session.backwards[:-1]
     # F: the optimizer's step made a finite parameter non-finite; not where the step left it
     # finite and the script changed it before this one.
-    was_finite = bool(earlier) and earlier[-1].finite and earlier[-1].values_finite \
+    earlier = session.before_last
+    was_finite = earlier is not None and earlier.finite and earlier.values_finite \
         and session.optimizer_steps > 0 and session.stepped_finite is not True
     parameter = next((e for e in found.entered if e.parameter), None)
     data = next((e for e in found.entered if not e.parameter), None)

@@ -88,7 +88,17 @@ class Session:
     check_values: bool = False
     stops: bool = True
     after: Callable[[Backward], None] | None = None
-    backwards: list[Backward] = field(default_factory=list)
+    #: How many backward passes were watched; the first bad one (a loss scaler's overflow steps
+    #: aside, unless they keep coming); the last one and the one before it. A run of millions of
+    #: steps keeps no more than these.
+    count: int = 0
+    bad: Backward | None = None
+    last: Backward | None = None
+    before_last: Backward | None = None
+    #: Whether a compiled graph took part in a watched backward; whether one built a graph for a
+    #: higher order.
+    compiled: bool = False
+    create_graph: bool = False
     ends: int = 0
     optimizer_steps: int = 0
     #: The tensors the backward that ended the script (or the last told to ``after``) differentiated,
@@ -110,12 +120,6 @@ class Session:
     #: finite right after it (None: no such step): a parameter non-finite at the window's start
     #: that the step left finite was made so by the script (a checkpoint loaded, an assignment).
     stepped_finite: bool | None = None
-
-    @property
-    def bad(self) -> Backward | None:
-        """The first watched backward whose loss or leaf gradients were not finite (a loss scaler's
-        overflow steps aside, unless they keep coming)."""
-        return next((b for b in self.backwards if b.bad), None)
 
     def _maybe_open_window(self) -> None:
         if not self._opened and self.window is not None and self.ends >= self.window:
@@ -153,15 +157,19 @@ class Session:
         functorch = any(map(compat.is_functorch_wrapped_tensor, tensors))
         # Outside torch.func no tensor is wrapped: nothing to unwrap.
         unwrap = functorch or compat.peek_interpreter_stack() is not None
-        backward = Backward(len(self.backwards) + 1, bool(create_graph) and not functorch, self.ends)
-        self.backwards.append(backward)
+        self.count += 1
+        backward = Backward(self.count, bool(create_graph) and not functorch, self.ends)
+        self.before_last, self.last = self.last, backward
+        self.create_graph |= backward.create_graph
         nodes = graph_roots(tensors)
-        reached, inner = leaves_of(nodes)
-        # Only a compiler makes CompiledFunction nodes, and none runs before Dynamo is imported.
-        backward.compiled = compat.dynamo_imported() and any(
-            "CompiledFunction" in type(n).__name__ for n in inner)
         # What the backward differentiates: ``inputs`` if given (a ``grad`` call's are), else the
-        # leaves it reaches.
+        # leaves it reaches. Only a compiler makes CompiledFunction nodes, and none runs before
+        # Dynamo is imported: the graph is walked for them only after.
+        reached: Leaves = []
+        if inputs is None or compat.dynamo_imported():
+            reached, kinds = leaves_of(nodes)
+            backward.compiled = any("CompiledFunction" in kind.__name__ for kind in kinds)
+            self.compiled |= backward.compiled
         targets: Leaves = reached if inputs is None else (
             [inputs] if isinstance(inputs, (torch.Tensor, GradientEdge)) else list(inputs))
         returned: list[Any] = []
@@ -190,6 +198,8 @@ class Session:
                 # A scale the script set above the default start takes more halvings to come down.
                 high = scaler.get_scale() > STARTING_SCALE
                 backward.scaled_overflow = self.overflows < SCALER_SKIPS or high
+            if backward.bad and self.bad is None:
+                self.bad = backward
         if self.after is not None:
             self.last_leaves, self.last_grads, self.last_losses = leaves, grads, losses
             self.after(backward)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..nodes import ACCUMULATE_GRAD, reachable
+from ..nodes import ACCUMULATE_GRAD
 
 
 def plain(value: torch.Tensor) -> torch.Tensor:
@@ -98,20 +98,28 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     return [all_finite(floating(group)) for group in groups]
 
 
-def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], list[Any]]:
+def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], set[type]]:
     """The leaves reachable from the autograd nodes ``roots`` (the tensors their accumulators write
-    into), and the other nodes reached.
+    into), and the classes of the other nodes reached.
 
     >>> x = torch.ones(2, requires_grad=True)
-    >>> leaves, inner = leaves_of([(x * 2).exp().grad_fn])
-    >>> leaves[0] is x, [type(n).__name__ for n in inner]
+    >>> leaves, kinds = leaves_of([(x * 2).exp().grad_fn])
+    >>> leaves[0] is x, sorted(kind.__name__ for kind in kinds)
     (True, ['ExpBackward0', 'MulBackward0'])
     """
+    # The walk runs before every backward the doctor watches: one loop, each node seen once.
     leaves: list[torch.Tensor] = []
-    inner: list[Any] = []
-    for node in reachable(roots):
-        if type(node) is ACCUMULATE_GRAD:
-            leaves.append(node.variable)  # type: ignore[attr-defined]
-        else:
-            inner.append(node)
-    return leaves, inner
+    kinds = {type(root) for root in roots}
+    seen = set(roots)
+    stack = list(roots)
+    while stack:
+        for node, _ in stack.pop().next_functions:
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            if type(node) is ACCUMULATE_GRAD:
+                leaves.append(node.variable)  # type: ignore[attr-defined]
+            else:
+                kinds.add(type(node))
+                stack.append(node)
+    return leaves, kinds
