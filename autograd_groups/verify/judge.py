@@ -27,11 +27,13 @@ MAX_DIFFERENCES = 64
 class Judged:
     """``compared``: the comparison, element by element; ``differences``: the elements compared
     against finite differences of the function's value; ``untried``: elements that would have been,
-    past :data:`MAX_DIFFERENCES`."""
+    past :data:`MAX_DIFFERENCES`; ``blurred``: elements whose finite differences converged within a
+    rounding too large to tell one value of the rule from another."""
 
     compared: limits.Comparison
     differences: torch.Tensor
     untried: torch.Tensor
+    blurred: torch.Tensor
 
 
 class Judge:
@@ -62,7 +64,7 @@ class Judge:
         none = torch.zeros_like(reached)
         wanted = self._unsettled(compared)
         if self.probe.order != 1 or not bool(wanted.any()):
-            return Judged(compared, none, none)
+            return Judged(compared, none, none, none)
         chosen = wanted & (wanted.cumsum(0) <= MAX_DIFFERENCES)
         quotients = limits.estimate(self.probe.differences(chosen))
         converged = quotients.state == limits.CONVERGED
@@ -73,7 +75,7 @@ class Judge:
         blurred = converged & (self.probe.rounding > limits.RESOLUTION * quotients.value.abs().clamp_min(1.0))
         quotients.state = torch.where(blurred, limits.NO_LIMIT, quotients.state)
         compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
-        return Judged(compared, chosen & compared.checked, wanted & ~chosen)
+        return Judged(compared, chosen & compared.checked, wanted & ~chosen, blurred)
 
 
 def _logarithmic(samples: torch.Tensor) -> torch.Tensor:

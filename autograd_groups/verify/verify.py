@@ -441,6 +441,9 @@ def _verdict(f: Fired, order: int, point: Point, at: AtPoint, judged: Judged, re
         k, what = next((int(mask.nonzero()[0, 0]), what) for mask, what in (
             (judged.untried, f"the {derivative} has no finite limit there, and finite differences of "
                              f"the function's value are taken at {MAX_DIFFERENCES} elements at most"),
+            (judged.blurred, f"the {derivative} has no limit there along some direction, and finite "
+                             f"differences of the function's value are lost in its rounding (an "
+                             f"output far larger than its change)"),
             (compared.no_limit, f"the {derivative} has no limit there along some direction"
                                 + (", nor do finite differences of the function's value"
                                    if order == 1 else "")),
