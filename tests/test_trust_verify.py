@@ -164,3 +164,18 @@ def test_verify_never_contradicts_an_exact_float64_second_derivative(ops: list[s
         assert not right, str(report)
     elif statuses == {CONSISTENT}:
         assert right, str(report)
+
+
+@pytest.mark.parametrize("stiffness", [1e6, 1e12])
+@pytest.mark.parametrize("grad, status", [("0", CONSISTENT), ("5 * grad", INCONSISTENT)])
+def test_a_kink_beside_a_stiff_smooth_term_is_judged_by_the_samples_near_it(
+        stiffness: float, grad: str, status: str) -> None:
+    """|x| + c x² at 0: the slopes at the largest steps reach 2e10, and a window of them can
+    extrapolate exactly; the tolerance is measured by the samples near the kink, whose one-sided
+    limits are -1 and 1, so that 5 is outside them and 0 inside."""
+    with ag.registry_scope():
+        ag.register_rule("trust.stiff", ag.Subgradient(op="abs", when="self == 0", grad=grad))
+        fn = ag.autograd_group("trust.stiff")(lambda x: (x.abs() + stiffness * x * x).sum())
+        (row,) = quiet_verify(fn, torch.tensor([0.0], dtype=F64)).rows
+    assert (row.status, row.point, row.low, row.high) == (status, "kink", -1.0, 1.0)
+    assert row.tolerance < 1e-4

@@ -66,8 +66,8 @@ class Limits:
     """The limits of one gradient along each direction, element by element: ``value`` and
     ``error`` of shape (directions, elements); ``state`` one of CONVERGED, DIVERGED (``value`` is
     ``+-inf``), NO_LIMIT, OUTSIDE (too few finite samples: the direction leaves the domain);
-    ``size``: the largest of the samples an estimate came from and the one at the largest usable
-    step, which errors and tolerances are measured by; ``special``: (directions, elements), where a
+    ``size``: the largest of the samples an estimate came from, which tolerances are measured by;
+    ``special``: (directions, elements), where a
     direction met a special point nearby (see :func:`estimate`)."""
 
     value: torch.Tensor
@@ -102,23 +102,26 @@ def estimate(samples: torch.Tensor, special: torch.Tensor | None = None) -> Limi
     s = samples
     finite = torch.isfinite(s)
     estimates, changes, starts = _candidates(s)
-    best = changes.argmin(1, keepdim=True)
+    # The least error; of equal ones, the last candidate, from the smallest steps: a window at the
+    # largest steps that happens to be exact (Richardson's of |x| + 1e12 x^2) would measure the
+    # tolerance by samples as large as 2e10.
+    best = changes.shape[1] - 1 - changes.flip(1).argmin(1, keepdim=True)
     error = changes.gather(1, best).squeeze(1)
     value = estimates.gather(1, best).squeeze(1)
-    # What an error is small against: the samples the estimate came from, and the one at the
-    # largest usable step, for a slow convergence to 0. Not the largest sample, which a diverging
-    # sequence makes as large as it likes.
+    # What a tolerance is measured by: the samples the estimate came from. Not the largest
+    # sample, which a diverging sequence, or a stiff smooth term at the large steps (|x| + 1e12 x^2),
+    # makes as large as it likes.
     start = starts[best]
+    used = torch.cat([s.gather(1, (start + k).clamp_max(s.shape[1] - 1)) for k in range(4)], 1)
+    size = _largest(used)
+    # What an error is small against: those samples and the one at the largest usable step, for a
+    # slow convergence to 0; along every direction, as at a kink one side's limit can be near 0
+    # while the others are not. Not along a diverging one, whose samples grow as large as they
+    # like: every other direction would look settled beside it.
     steps = torch.arange(s.shape[1]).view(1, -1, 1)
-    first = torch.where(finite, steps, s.shape[1] - 1).amin(1, keepdim=True)
-    used = torch.cat([s.gather(1, first),
-                      *(s.gather(1, (start + k).clamp_max(s.shape[1] - 1)) for k in range(4))], 1)
-    size = torch.where(torch.isfinite(used), used.abs(), 0.0).amax(1)
-    # Measured against the element's size along every direction: at a kink, one side's limit can
-    # be near 0 while the others are not. Not along a diverging one, whose samples grow as large as
-    # they like: every other direction would look settled beside it.
+    first = s.gather(1, torch.where(finite, steps, s.shape[1] - 1).amin(1, keepdim=True))
     diverging, sign = _diverging(s, finite)
-    scale = torch.where(diverging, 0.0, size).amax(0)
+    scale = torch.where(diverging, 0.0, torch.maximum(size, _largest(first))).amax(0)
     converged = torch.isfinite(error) & (error <= SETTLED * value.abs() + SETTLED_SCALE * scale)
     state = torch.full(value.shape, NO_LIMIT, dtype=torch.int8)
     state[finite.sum(1) < 3] = OUTSIDE
@@ -129,6 +132,11 @@ def estimate(samples: torch.Tensor, special: torch.Tensor | None = None) -> Limi
     value = torch.where(state == DIVERGED, sign * math.inf, value)
     error = torch.where(state == CONVERGED, error, 0.0)
     return Limits(value, error, state, size, special)
+
+
+def _largest(samples: torch.Tensor) -> torch.Tensor:
+    """The largest finite ``|sample|`` along dimension 1 (0 where none is finite)."""
+    return torch.where(torch.isfinite(samples), samples.abs(), 0.0).amax(1)
 
 
 def _candidates(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
