@@ -905,6 +905,24 @@ def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> Non
     assert not found_here("a_padded_attention.py") or report_of("a_padded_attention.py")["class"] == "A"
 
 
+@pytest.mark.parametrize("loss, line", [
+    ("torch.nn.functional.mse_loss(model(x).squeeze(1), y)", "y = torch.tensor([1.0, float('inf')])"),
+    ("((model(x).squeeze(1) - y) ** 2).mean()", "y = torch.tensor([1.0, float('inf')])"),
+    ("(model.weight * y).sum()", "y = torch.tensor([1.0, float('-inf')])"),
+])
+def test_an_infinity_in_a_target_or_a_factor_is_class_e(loss: str, line: str, tmp_path: Path) -> None:
+    """A +inf label, or a -inf a parameter is multiplied by, is data gone bad (E); only a -inf that
+    is added (a mask, as in the corpus's additive masks) is taken as meant."""
+    report = _diagnosed(tmp_path / "labels.py", "import torch\n"
+                        "model = torch.nn.Linear(2, 1)\n"
+                        "x = torch.ones(2, 2)\n"
+                        f"{line}\n"
+                        f"loss = {loss}\n"
+                        "loss.backward()\n")
+    assert (report.cls, report.born.line) == ("E", 5)
+    assert report_of("a_masked_logsumexp.py")["class"] == "A"
+
+
 def test_steps_stops_watching(tmp_path: Path) -> None:
     report, _ = diagnose(str(CORPUS / "clean_mlp.py"), steps=2)
     assert report.status == "clean" and report.backward_calls == 2
@@ -923,6 +941,33 @@ def test_the_optimizer_step_that_makes_parameters_non_finite_is_class_f(tmp_path
         "    opt.step()\n")
     report, _ = diagnose(str(script))
     assert report.cls == "F" and report.step == 2
+    assert not any("updates its parameters itself" in n for n in report.notes)
+
+
+_MANUAL_STEP = ("import torch\n"
+                "w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))\n"
+                "for _ in range(3):\n"
+                "    (w * w).sum().backward()\n"
+                "    with torch.no_grad():\n"
+                "        w -= 1e38 * w.grad\n"
+                "    w.grad = None\n")
+
+
+def test_a_parameter_the_scripts_own_update_made_non_finite_is_e_with_a_note_on_f(tmp_path: Path) -> None:
+    """No torch.optim step to see: the parameter is non-finite at the step's start (E), and the note
+    says what it is if the script's own update did it; not where the data brought the infinity."""
+    report = _diagnosed(tmp_path / "manual.py", _MANUAL_STEP)
+    assert (report.cls, report.step, report.born.op) == ("E", 2, "mul")
+    assert [n for n in report.notes if "updates its parameters itself (p -= lr * p.grad)" in n]
+    with ag.doctor() as in_process:
+        exec(compile(_MANUAL_STEP, "manual.py", "exec"), {})
+    assert in_process.cls == "E" and in_process.notes == report.notes
+    data = _diagnosed(tmp_path / "data.py", "import torch\n"
+                      "w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))\n"
+                      "for x in (torch.ones(2), torch.tensor([1.0, float('inf')])):\n"
+                      "    (w * x).sum().backward()\n"
+                      "    w.grad = None\n")
+    assert data.cls == "E" and not data.notes
 
 
 def test_a_nan_that_does_not_recur_in_the_replay_is_class_g(tmp_path: Path) -> None:

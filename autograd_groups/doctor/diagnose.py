@@ -87,8 +87,8 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
     # F: the optimizer's step made a finite parameter non-finite; not where the step left it
     # finite and the script changed it before this one.
     earlier = session.before_last
-    was_finite = earlier is not None and earlier.finite and earlier.values_finite \
-        and session.optimizer_steps > 0 and session.stepped_finite is not True
+    finite_before = earlier is not None and earlier.finite and earlier.values_finite
+    was_finite = finite_before and session.optimizer_steps > 0 and session.stepped_finite is not True
     parameter = next((e for e in found.entered if e.parameter), None)
     data = next((e for e in found.entered if not e.parameter), None)
     reached = found.reached or (found.births[0] if found.births else None)
@@ -113,6 +113,12 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         huge=huge(values, dtype),
         seeded_nonfinite=not seen.backward.seeded_finite,
         accumulated_overflow=_overflowed_in_sum(session.last_grads)))
+    if report.cls == "E" and parameter is not None and finite_before and session.optimizer_steps == 0:
+        report.notes.append("the parameter was finite at the last backward pass, whose gradients "
+                            "were finite too, and the script runs no torch.optim step: if it updates "
+                            "its parameters itself (p -= lr * p.grad), that update made it non-finite, "
+                            "as an optimizer's step would (class F): lower the learning rate or clip "
+                            "the gradients")
     entered = parameter or data
     if report.cls in ("E", "F") and entered is not None:
         report.born = locate.born_entered(entered)

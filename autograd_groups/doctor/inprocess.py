@@ -37,7 +37,7 @@ def doctor() -> Iterator[Diagnosis]:
     report = Diagnosis("clean", 0)
     seen = Instrumented()
     session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False,
-                      higher_order=linked)
+                      higher_order=linked, check_values=True)
 
     def after(backward: Backward) -> None:
         report.backward_calls = backward.index
