@@ -908,11 +908,12 @@ def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> Non
 @pytest.mark.parametrize("loss, line", [
     ("torch.nn.functional.mse_loss(model(x).squeeze(1), y)", "y = torch.tensor([1.0, float('inf')])"),
     ("((model(x).squeeze(1) - y) ** 2).mean()", "y = torch.tensor([1.0, float('inf')])"),
+    ("((model(x).squeeze(1) - y) ** 2).mean()", "y = torch.tensor([1.0, float('-inf')])"),
     ("(model.weight * y).sum()", "y = torch.tensor([1.0, float('-inf')])"),
 ])
 def test_an_infinity_in_a_target_or_a_factor_is_class_e(loss: str, line: str, tmp_path: Path) -> None:
-    """A +inf label, or a -inf a parameter is multiplied by, is data gone bad (E); only a -inf that
-    is added (a mask, as in the corpus's additive masks) is taken as meant."""
+    """A label of +-inf, or a -inf a parameter is multiplied by, is data gone bad (E); only a -inf
+    that is added (a mask, as in the corpus's additive masks) is taken as meant."""
     report = _diagnosed(tmp_path / "labels.py", "import torch\n"
                         "model = torch.nn.Linear(2, 1)\n"
                         "x = torch.ones(2, 2)\n"

@@ -132,10 +132,11 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFind
     return found
 
 
-#: Ops that multiply their inputs (a layer's data), and losses (their targets): an infinity entering
-#: one is data gone bad.
+#: Ops that multiply their inputs (a layer's data), subtractions (a label taken from a prediction:
+#: a mask is added) and losses (their targets): an infinity entering one is data gone bad.
 _TAKING_DATA = frozenset({
     "linear", "bilinear", "matmul", "mm", "bmm", "mv", "einsum", "mul", "rmul", "imul", "multiply",
+    "sub", "rsub", "isub", "subtract",
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "layer_norm", "batch_norm", "group_norm", "instance_norm",
     "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "cross_entropy", "nll_loss", "kl_div",
@@ -144,9 +145,9 @@ _TAKING_DATA = frozenset({
 
 def _counts_as_entering(tensor: torch.Tensor, op: str) -> bool:
     """A non-finite tensor from outside the step: a parameter with any; data with a NaN or a
-    ``+inf``, or with a ``-inf`` that a layer multiplies or a loss takes as its target (``op``,
-    ``__mul__`` as ``mul``). Elsewhere a ``-inf`` in a tensor that needs no gradient is taken as
-    meant (an additive mask)."""
+    ``+inf``, or with a ``-inf`` that a layer multiplies, a subtraction takes or a loss takes as its
+    target (``op``, ``__mul__`` as ``mul``). Elsewhere a ``-inf`` in a tensor that needs no
+    gradient is taken as meant (an additive mask)."""
     return (tensor.requires_grad or op.strip("_") in _TAKING_DATA or bool(torch.isnan(tensor).any())
             or bool((tensor == math.inf).any()))
 
