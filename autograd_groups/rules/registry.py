@@ -359,10 +359,11 @@ def keep(groups: Iterable[str]) -> None:
     >>> import autograd_groups as ag
     >>> with ag.registry_scope():
     ...     with ag.registry_scope():
-    ...         _ = ag.register_rule("kept", ag.NanSafe())
+    ...         rule = ag.register_rule("kept", ag.NanSafe())
     ...         keep(["kept"])
     ...     "kept" in ag.list_rules()
     True
+    >>> ag.unregister_rule("kept", rule)  # it outlived the scopes: only this removes it
     """
     with _lock:
         for saved in _open_scopes:
