@@ -27,8 +27,8 @@ MAX_DIFFERENCES = 64
 class Judged:
     """``compared``: the comparison, element by element; ``differences``: the elements compared
     against finite differences of the function's value; ``untried``: elements that would have been,
-    past :data:`MAX_DIFFERENCES`; ``blurred``: elements whose finite differences converged within a
-    rounding too large to tell one value of the rule from another."""
+    past :data:`MAX_DIFFERENCES`; ``blurred``: elements whose finite differences, along one side or
+    both, converged within a rounding too large to tell one value of the rule from another."""
 
     compared: limits.Comparison
     differences: torch.Tensor
@@ -75,7 +75,7 @@ class Judge:
         blurred = converged & (self.probe.rounding > limits.RESOLUTION * quotients.value.abs().clamp_min(1.0))
         quotients.state = torch.where(blurred, limits.NO_LIMIT, quotients.state)
         compared = limits.merge(compared, limits.compare(value, quotients, chosen), chosen)
-        return Judged(compared, chosen & compared.checked, wanted & ~chosen, blurred)
+        return Judged(compared, chosen & compared.checked, wanted & ~chosen, blurred.any(0))
 
 
 def _logarithmic(samples: torch.Tensor) -> torch.Tensor:
