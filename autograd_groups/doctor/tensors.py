@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..nodes import ACCUMULATE_GRAD
+from ..nodes import ACCUMULATE_GRAD, reachable
 
 
 def plain(value: torch.Tensor) -> torch.Tensor:
@@ -107,19 +107,11 @@ def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], set[type]]:
     >>> leaves[0] is x, sorted(kind.__name__ for kind in kinds)
     (True, ['ExpBackward0', 'MulBackward0'])
     """
-    # The walk runs before every backward the doctor watches: one loop, each node seen once.
     leaves: list[torch.Tensor] = []
-    kinds = {type(root) for root in roots}
-    seen = set(roots)
-    stack = list(roots)
-    while stack:
-        for node, _ in stack.pop().next_functions:
-            if node is None or node in seen:
-                continue
-            seen.add(node)
-            if type(node) is ACCUMULATE_GRAD:
-                leaves.append(node.variable)  # type: ignore[attr-defined]
-            else:
-                kinds.add(type(node))
-                stack.append(node)
+    kinds: set[type] = set()
+    for node in reachable(roots):
+        if type(node) is ACCUMULATE_GRAD:
+            leaves.append(node.variable)  # type: ignore[attr-defined]
+        else:
+            kinds.add(type(node))
     return leaves, kinds
