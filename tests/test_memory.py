@@ -197,3 +197,33 @@ def test_registering_and_unregistering_leaves_no_objects_or_cycles() -> None:
 
     _assert_no_leak(churn, 500)
     assert x1.grad is not None and not x1.grad.isnan().any()
+
+
+SCRIPT = """
+import torch
+import autograd_groups as ag
+ag.register_rule("G.forward", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+class G(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+    @ag.autograd_group("G.forward")
+    def forward(self, z):
+        return self.fc(z).pow(2).sum(-1).sqrt()
+g = G()
+fake = g(torch.ones(3, 2))
+"""
+
+
+def test_a_scripts_namespace_that_keeps_a_methods_group_output_is_collected() -> None:
+    """A script's top level keeps ``fake = g(z)``, whose graph holds the group instance: what the
+    instance keeps of its call (the module ``self``) must not lead back to the namespace through
+    the graph, a cycle the collector cannot see, or the namespace outlives the script."""
+    with ag.registry_scope():
+        namespace: dict[str, Any] = {}
+        exec(compile(SCRIPT, "script.py", "exec"), namespace)
+        model = weakref.ref(namespace["g"])
+        assert namespace["fake"].grad_fn is not None
+        del namespace
+        gc.collect()
+        assert model() is None

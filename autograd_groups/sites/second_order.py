@@ -72,9 +72,17 @@ class Batched:
     """Stands for an argument that was a vmap batch: its entries are not one point to check."""
 
 
+class Held:
+    """Stands for a module argument (a method's ``self``), held weakly: it leads to its class, its
+    functions' globals and what they hold (a script's top-level output of the group)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.ref = weakref.ref(module)
+
+
 #: A call as a check re-runs it: the function (a weak reference: called, it gives the function or
 #: None), its arguments (tensors as plain, detached values under their torch.func wrappers, or
-#: :class:`Batched`), and the ids of those that require grad.
+#: :class:`Batched`; modules :class:`Held`), and the ids of those that require grad.
 Call = tuple[Callable[[], Any], tuple[Any, ...], dict[str, Any], frozenset[int]]
 
 
@@ -83,8 +91,10 @@ def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 
     Nothing in it may lead back to the instance through autograd's graph, which the cycle
     collector cannot see: the arguments are detached (a traced boundary node, an argument the group
-    changes in place, hold the instance), and the function is held weakly (its globals or closure
-    may hold the group's output: ``loss = f(x)`` at a script's top level).
+    changes in place, hold the instance), and the function and the modules among the arguments are
+    held weakly (its globals or closure, a method's class, may hold the group's output:
+    ``loss = f(x)``, ``fake = generator(z)`` at a script's top level). :func:`recalled` gives them
+    back.
 
     >>> import torch
     >>> fn, args, _, wanted = remember(torch.sin, (torch.ones(2, requires_grad=True) * 2,), {})
@@ -95,6 +105,24 @@ def remember(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     kept = tuple([_keep(a, wanted) for a in args])
     named = {k: _keep(v, wanted) for k, v in kwargs.items()} if kwargs else kwargs
     return _weak(fn), kept, named, frozenset(wanted)
+
+
+def recalled(call: Call) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None:
+    """The function and arguments of ``call`` as it was made, or None where the function or a
+    module among its arguments no longer exists.
+
+    >>> layer = torch.nn.Linear(2, 2)
+    >>> fn, args, _ = recalled(remember(torch.nn.Linear.forward, (layer, torch.ones(2)), {}))
+    >>> fn is torch.nn.Linear.forward, args[0] is layer
+    (True, True)
+    """
+    fn = call[0]()
+    values = [*call[1], *call[2].values()]
+    if fn is None or any(isinstance(v, Held) and v.ref() is None for v in values):
+        return None
+    args = tuple(v.ref() if isinstance(v, Held) else v for v in call[1])
+    kwargs = {k: v.ref() if isinstance(v, Held) else v for k, v in call[2].items()}
+    return fn, args, kwargs
 
 
 def enclosing() -> Call | None:
@@ -160,7 +188,7 @@ def _keep(value: Any, wanted: list[int]) -> Any:
     grad (at some torch.func level) is added to ``wanted``. On every call of a group with rules:
     a tensor without wrappers, the usual case, costs one detach."""
     if not isinstance(value, torch.Tensor):
-        return value
+        return Held(value) if isinstance(value, torch.nn.Module) else value
     if compat.is_functorch_wrapped_tensor(value):
         plain, grad = levels.unwrapped(value)
         if plain is None:

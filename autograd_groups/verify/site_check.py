@@ -23,7 +23,7 @@ from ..groups.group import autograd_group
 from ..instance import GroupInstance
 from ..observe import anomaly, counters, tracer
 from ..rules.kinds import NanSafe, Subgradient
-from ..sites import tangents
+from ..sites import second_order, tangents
 from ..sites.second_order import Batched, Verdict
 from . import verify
 from .points import Point, point_of, seeded
@@ -192,10 +192,11 @@ def _checked(instance: GroupInstance, rule: Subgradient | NanSafe, index: int | 
     there is nothing to check."""
     if instance.call is None:
         raise internal_error(f"group instance {instance.id} was checked without the call that made it")
-    function, args, kwargs, wanted = instance.call
-    fn = function()
-    if fn is None:
-        return Verdict(NOT_CHECKED, "the group's function no longer exists")
+    wanted = instance.call[3]
+    made = second_order.recalled(instance.call)
+    if made is None:
+        return Verdict(NOT_CHECKED, "the group's function, or a module it was called with, no longer exists")
+    fn, args, kwargs = made
     if any(isinstance(v, Batched) for v in (*args, *kwargs.values())):
         return Verdict(NOT_CHECKED, f"the group ran under vmap, on a batch of inputs: check one of "
                                     f"them with ag.verify(fn, *args{', order=2' if order == 2 else ''})")
