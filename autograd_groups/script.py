@@ -9,6 +9,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 
 import torch
 
@@ -53,7 +54,7 @@ def run_script(path: str, args: list[str], source: str | None = None,
             # Not with this module's ``from __future__ import annotations``: a dataclass's field
             # types, read at run time, stay types.
             code = compile(source, path, "exec", dont_inherit=True)
-            exec(code, {"__name__": "__main__", "__file__": path, "__builtins__": builtins})
+            _run_as_main(code, path)
     except passes:
         raise
     except SystemExit as e:
@@ -78,6 +79,24 @@ def run_script(path: str, args: list[str], source: str | None = None,
         torch.set_grad_enabled(modes[0])
         torch.set_anomaly_enabled(modes[1], modes[2])
     return Exit(0)
+
+
+def _run_as_main(code: types.CodeType, path: str) -> None:
+    """Run ``code`` as the module ``__main__``, as ``runpy`` runs a file: what the script pickles by
+    reference (a class it defines, for ``torch.save`` or a ``DataLoader``'s spawned workers) is
+    found there."""
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is None:
+            del sys.modules["__main__"]
+        else:
+            sys.modules["__main__"] = saved
 
 
 def run_flushed(path: str, args: list[str]) -> Exit:
