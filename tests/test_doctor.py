@@ -890,9 +890,10 @@ def test_a_fix_in_a_file_with_its_own_ag_imports_the_library_by_its_full_name(tm
     assert all(p.checked for p in fixes if p.kind != "rule"), [p.check for p in fixes]
 
 
-def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> None:
-    """The log of a zero count in preprocessing: the batch holds -inf before the step starts (the
-    padded-attention scripts keep their additive -inf mask as meant: class A)."""
+def test_an_infinity_the_script_makes_of_its_data_is_born_at_the_op(tmp_path: Path) -> None:
+    """The log of a zero count in preprocessing, which a layer then takes: born at the log, which
+    the watched step ran (the padded-attention scripts keep their additive -inf mask as meant:
+    class A)."""
     script = tmp_path / "counts.py"
     script.write_text("import torch\n"
                       "counts = torch.tensor([[1.0, 2.0], [0.0, 3.0]])\n"
@@ -901,7 +902,7 @@ def test_an_infinity_in_the_data_a_layer_takes_is_class_e(tmp_path: Path) -> Non
                       "loss = model(x).sum()\n"
                       "loss.backward()\n")
     report, _ = diagnose(str(script))
-    assert (report.cls, report.born.op, report.born.line) == ("E", "linear", 5)
+    assert (report.cls, report.born.op, report.born.line) == ("C", "log", 3)
     assert not found_here("a_padded_attention.py") or report_of("a_padded_attention.py")["class"] == "A"
 
 

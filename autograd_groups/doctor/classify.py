@@ -29,7 +29,8 @@ CLASSES = {
           "not a gradient-rule problem: the learning rate, the optimizer's eps, gradient clipping"),
     "G": ("it did not happen again when the step was replayed",
           "not a special point: nondeterminism (unseeded randomness, data order, nondeterministic "
-          "kernels) or hardware; seed the run and try again"),
+          "kernels) or hardware, or a script that cannot run again as it ran first (a note says "
+          "so); seed the run and try again"),
 }
 
 

@@ -22,6 +22,10 @@ from .report import Appears, Diagnosis
 from .session import Grads, Session
 from .tensors import all_finite
 
+#: How many step ends before the bad step its forward is looked for at most: the replay keeps the
+#: tensors of every call it watches.
+MOST_LEAD = 16
+
 
 def diagnose(script: str, args: list[str] | None = None, steps: int | None = None,
              check: bool = True) -> tuple[Diagnosis, Exit]:
@@ -64,9 +68,33 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     if compiled:
         report.notes.append("the script compiles: the bad step was replayed eagerly "
                             "(torch.compiler.set_stance('force_eager'))")
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    errors = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
         again, seen = replay(script, args, bad, start, eager=True)
+        # A forward that ran before an earlier backward or optimizer step of its step (a GAN's
+        # generator, before its discriminator's step; losses computed before the first of their
+        # backward passes): watched again from the last step end before its earliest node.
+        earliest = seen.made_before()
+        if earliest is not None and again.session.marks is not None:
+            marks = again.session.marks[:bad.ends_before]
+            start_at = max((end for end, mark in enumerate(marks, 1) if mark <= earliest), default=0)
+            lead = min(bad.ends_before - start_at, MOST_LEAD)
+            if lead:
+                again, seen = replay(script, args, bad, start, eager=True, lead=lead)
+    if not again.stopped and again.exit:
+        # Not nondeterminism: the script could not be run again as it ran first.
+        said = [line.strip() for line in errors.getvalue().splitlines() if line.strip()]
+        how = f"it ended with {said[-1]}" if said else f"it {again.exit.how}"
+        report.notes.append(f"the replay did not reach backward pass {bad.index}: {how}. A script "
+                            "that needs what its first run left behind (a folder it made, its "
+                            "standard input) cannot be run again: make it start over (exist_ok=True, "
+                            "arguments instead of input)")
     born_ran, upstream = diagnose_step(report, again.session, seen, again.stopped)
+    if report.born is not None and report.born.node == "CheckpointFunctionBackward":
+        report.notes.append("it is born inside a reentrant checkpoint (torch.utils.checkpoint with "
+                            "use_reentrant=True), whose backward runs the checkpointed function again "
+                            "out of the doctor's sight: with use_reentrant=False the report names the "
+                            "op inside it and proposes fixes for it")
     baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads, again.session.last_losses,
                         again.session.create_graph)
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
@@ -82,7 +110,7 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
     if not reproduced or seen.backward is None or seen.backward.finite:
         report.cls = "G"
         return None, None
-    found = locate.forward(seen.forward.calls, seen.roots)
+    found = locate.forward(seen.forward.calls, seen.roots, seen.forward.data)
     back = locate.backward(seen.ran)
     # F: the optimizer's step made a finite parameter non-finite; not where the step left it
     # finite and the script changed it before this one.

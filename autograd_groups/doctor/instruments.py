@@ -9,6 +9,7 @@ hooks themselves. An in-place call is the exception: its inputs are read before 
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,8 +46,9 @@ def _flat(value: Any) -> Iterator[Any]:
 @dataclass
 class Call:
     """One torch call of the forward: its name, the user's line, its floating-point tensor inputs
-    and outputs, for an in-place call whether each was finite when it ran, and whether a number it
-    was given is infinite or NaN (``masked_fill(mask, -inf)``: a value meant, not an overflow)."""
+    and outputs, for an in-place call whether each was finite when it ran (a call on data alone:
+    its inputs only), and whether a number it was given is infinite or NaN
+    (``masked_fill(mask, -inf)``: a value meant, not an overflow)."""
 
     op: str
     frame: Frame | None
@@ -67,17 +69,26 @@ def memory_of(tensor: torch.Tensor) -> int | None:
 class ForwardWatch(TorchFunctionMode):
     """Records the torch calls of a forward pass that make a tensor requiring grad, and per
     autograd node the user's line that made it (for a call such as ``F.normalize``,
-    every node the call made)."""
+    every node the call made); and, apart, the calls that compute on data alone (no input
+    requires grad), so that a non-finite value the step made of finite data is told from one that
+    entered it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[Call] = []
+        #: Per tensor (by id: the calls keep their tensors alive), the calls on data alone that
+        #: wrote it, in order (more than one where some ran in place).
+        self.data: dict[int, list[Call]] = {}
         self.frames: dict[Any, Frame] = {}
         #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
         #: itself may run inside it) but records nothing more.
         self.recording: bool = True
         #: ``torch.autograd.Function``'s own ``apply`` while the mode is on.
         self._apply: Any = None
+        #: The sequence number of the first autograd node made while the mode is on: the nodes
+        #: made before are no call's of the watched step.
+        self.first = 0
+        self._thread: int | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -87,10 +98,10 @@ class ForwardWatch(TorchFunctionMode):
             return func(*args, **kwargs)
         given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
         in_place = name.endswith("_") and not name.endswith("__") or "out" in kwargs
-        if not any(a.requires_grad for a in given) or (in_place and any(a.is_leaf and a.requires_grad
-                                                                        for a in given)):
-            # Setup and data (initialising or loading parameters, batching) are no op of the
-            # differentiated step: what they make enters it from outside.
+        if not any(a.requires_grad for a in given):
+            return self._on_data(name, func, args, kwargs, floating(given), in_place)
+        if in_place and any(a.is_leaf and a.requires_grad for a in given):
+            # Initialising or loading parameters is no op of the differentiated step.
             return func(*args, **kwargs)
         inputs = floating(given)
         before = None
@@ -99,6 +110,23 @@ class ForwardWatch(TorchFunctionMode):
             before = finite_flags(inputs)
         out = func(*args, **kwargs)
         self._record(name, args, kwargs, inputs, out, before)
+        return out
+
+    def _on_data(self, name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                 inputs: list[torch.Tensor], in_place: bool) -> Any:
+        """Run a call on data alone (batching, normalising a batch, a mask), and keep it where it
+        computes on floating-point tensors: read only where a non-finite value enters the
+        differentiated step."""
+        if not inputs:
+            return func(*args, **kwargs)
+        before = finite_flags(inputs) if in_place else None
+        out = func(*args, **kwargs)
+        outputs = floating(o for o in _flat(out) if isinstance(o, torch.Tensor))
+        if outputs:
+            numbers = [a for a in _flat([args, kwargs]) if isinstance(a, float)]
+            call = Call(name, user_frame(2), inputs, outputs, before, not all(map(math.isfinite, numbers)))
+            for o in outputs:
+                self.data.setdefault(id(o), []).append(call)
         return out
 
     def _record(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], inputs: list[torch.Tensor],
@@ -130,11 +158,16 @@ class ForwardWatch(TorchFunctionMode):
             return out
 
         torch.autograd.Function.apply = classmethod(apply)  # type: ignore[method-assign,assignment]
+        self.first = compat.sequence_nr()
+        self._thread = threading.get_ident()
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         torch.autograd.Function.apply = self._apply  # type: ignore[method-assign]
-        super().__exit__(*exc)
+        # A mode is on one thread's stack: a script that trains in a thread of its own opened it
+        # there, and that thread has ended (or stopped) by now.
+        if threading.get_ident() == self._thread:
+            super().__exit__(*exc)
 
     def _freeze(self, changing: Sequence[torch.Tensor]) -> None:
         """Read now the flags of the earlier calls whose tensors share memory with what an in-place
@@ -148,15 +181,18 @@ class ForwardWatch(TorchFunctionMode):
     def reset(self) -> None:
         """Forget what was recorded and record again (the next step starts)."""
         self.calls.clear()
+        self.data.clear()
         self.frames.clear()
         self.recording = True
+        self.first = compat.sequence_nr()
 
     def _claim(self, root: Any, frame: Frame) -> None:
         stack = [root]
         while stack:
             node = stack.pop()
             if node is None or node in self.frames or isinstance(node, ACCUMULATE_GRAD) \
-                    or compat.formula_parent(node) is not None:  # made by a backward: its parent's line
+                    or compat.formula_parent(node) is not None \
+                    or compat.node_sequence_nr(node) < self.first:  # made by a backward, or before the watch
                 continue
             self.frames[node] = frame
             stack.extend(c for c, _ in node.next_functions)

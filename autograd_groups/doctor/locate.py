@@ -17,7 +17,7 @@ import torch
 from .. import compat, nodes
 from .frames import Frame
 from .instruments import Call, Ran, memory_of
-from .tensors import plain
+from .tensors import finite_flags, plain
 
 #: How many indices and values a report shows.
 SHOWN = 5
@@ -79,11 +79,14 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
     return [bool(a) for a, _ in both], [bool(b) for _, b in both]
 
 
-def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFinding:
+def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
+            data: dict[int, list[Call]] | None = None) -> ForwardFinding:
     """Follow non-finite values through the forward's torch calls (inputs made before the step count
     as from outside) to the births and to what reached the loss ``roots``. A call is a birth where
     it makes a non-finite value from inputs that were finite or held only a meant infinity (an
-    additive ``-inf`` mask, which needs no gradient)."""
+    additive ``-inf`` mask, which needs no gradient). ``data``: the step's calls on data alone,
+    by the tensors they wrote; a non-finite input that one of them made of finite data is born
+    there, not entered."""
     tensors: list[torch.Tensor] = []
     for call in calls:
         if call.finite_now is None:
@@ -108,6 +111,12 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFind
                 carried = carried if carried is not None else made[id(tensor)]
             elif _counts_as_entering(tensor, call.op):
                 inherited = True
+                origin = None if tensor.requires_grad else made_of_data(tensor, data or {})
+                if origin is not None:
+                    made[id(tensor)] = len(found.births)
+                    found.births.append(origin)
+                    carried = carried if carried is not None else made[id(tensor)]
+                    continue
                 if id(tensor) not in entered:
                     entered[id(tensor)] = len(found.entered)
                     found.entered.append(Entered(_describe(tensor), tensor.requires_grad, tensor, call))
@@ -130,6 +139,27 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor]) -> ForwardFind
         if birth is not None and birth >= 0 and found.reached is None:
             found.reached = found.births[birth]
     return found
+
+
+def made_of_data(tensor: torch.Tensor, data: dict[int, list[Call]]) -> tuple[Call, torch.Tensor] | None:
+    """The call on data alone that made the non-finite ``tensor`` of finite inputs in the step (a
+    ``std`` over one sample, a division by a batch's zero range), followed back through the calls
+    that passed it on; None where it entered the step non-finite."""
+    writers = data.get(id(tensor), [])
+    seen: set[int] = set()
+    while writers and id(writers[-1]) not in seen:
+        call = writers[-1]
+        seen.add(id(call))
+        flags = call.finite_now if call.finite_now is not None else finite_flags(call.inputs)
+        bad = [t for t, finite in zip(call.inputs, flags) if not finite]
+        if not bad:
+            return call, tensor
+        if any(t is tensor for t in bad):  # in place over a value already non-finite
+            writers = writers[:-1]
+            continue
+        tensor = bad[0]
+        writers = data.get(id(tensor), [])
+    return None
 
 
 #: Ops that multiply their inputs (a layer's data), subtractions (a label taken from a prediction:

@@ -14,6 +14,7 @@ import inspect
 import os
 import random
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import handle_torch_function
 
-from .. import nodes
+from .. import compat, nodes
 from ..levels import passes_through
 from ..script import Exit, run_script
 from . import modules
@@ -73,7 +74,8 @@ def run(path: str, args: list[str], session: Session, start: RandomState, source
     code: Exit | None = None
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        with session.installed(), _stance("force_eager" if eager else None), modules.fresh(folder, changed):
+        with session.installed(), _stance("force_eager" if eager else None), modules.fresh(folder, changed), \
+                _stop_ends_threads():
             code = run_script(path, args, source, passes=(Stop,))
     except Stop:
         pass
@@ -84,6 +86,23 @@ def run(path: str, args: list[str], session: Session, start: RandomState, source
         done.process = (torch.distributed.get_rank(), torch.distributed.get_world_size())
         torch.distributed.destroy_process_group()
     return done
+
+
+@contextlib.contextmanager
+def _stop_ends_threads() -> Iterator[None]:
+    """A thread of the script that trains ends at the doctor's stop without a traceback (it is
+    no error of the script's)."""
+    told = threading.excepthook
+
+    def tell(args: Any) -> None:
+        if not issubclass(args.exc_type, Stop):
+            told(args)
+
+    threading.excepthook = tell
+    try:
+        yield
+    finally:
+        threading.excepthook = told
 
 
 @contextlib.contextmanager
@@ -129,6 +148,13 @@ class Instrumented:
             self.ran = watcher.ran
         return self.grads
 
+    def made_before(self) -> int | None:
+        """The sequence number of the earliest node of the bad backward made before the forward
+        was watched (not by a backward: those take their first-order node's line); None where
+        there is none."""
+        made = (compat.node_sequence_nr(r.node) for r in self.ran if compat.formula_parent(r.node) is None)
+        return min((n for n in made if n < self.forward.first), default=None)
+
 
 # A replayed torch.func.grad calls autograd through these too (see Session): its backward stays its own.
 passes_through(Instrumented.watch.__code__, ForwardWatch.__torch_function__.__code__,
@@ -143,15 +169,15 @@ def linked() -> contextlib.AbstractContextManager[Any]:
 
 
 def replay(path: str, args: list[str], bad: Backward, start: RandomState, source: str | None = None,
-           eager: bool = False) -> tuple[Run, Instrumented]:
+           eager: bool = False, lead: int = 0) -> tuple[Run, Instrumented]:
     """Run the script again up to its bad backward, with the instruments on from the start of that
-    step: the forward watched, every node of that backward hooked, and any backward of the step
-    that builds a graph run under anomaly mode without its NaN check (so that the nodes it makes
-    know the node that made them)."""
+    step (``lead`` step ends before it: a forward that ran before an earlier backward or optimizer
+    step of the same step): the forward watched, every node of that backward hooked, and any
+    backward of the step that builds a graph run under anomaly mode without its NaN check (so that
+    the nodes it makes know the node that made them)."""
     seen = Instrumented()
-    session = Session(stop_at=bad.index, window=bad.ends_before, on_window=seen.open, around=seen.watch,
-                      higher_order=linked,
-                      check_values=True)
+    session = Session(stop_at=bad.index, window=bad.ends_before, lead=lead, marks=[], on_window=seen.open,
+                      around=seen.watch, higher_order=linked, check_values=True)
     try:
         done = run(path, args, session, start, source, eager)
     finally:

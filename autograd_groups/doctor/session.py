@@ -22,6 +22,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from .. import compat
 from ..levels import graph_roots, passes_through
+from ..sites import second_order, tangents
 from .tensors import all_finite, finite_groups, floating, leaves_of, plain
 
 
@@ -71,8 +72,11 @@ class Session:
 
     ``stop_at``: the number of the backward to stop after (None: the first bad one); ``limit``: stop
     after this many backward passes in any case.
-    ``window``: how many step ends to let pass before ``on_window`` is called (the start of the
-    step to instrument); ``around`` wraps that backward; ``higher_order`` wraps every backward of
+    ``window``: how many step ends to let pass before the step to instrument starts; ``on_window``
+    is called ``lead`` step ends before that (a forward may run before an earlier backward of its
+    step); ``marks``, where given, gets at each step end the sequence number the next autograd
+    node will have (which end to open the window at, for a node made that early); ``around``
+    wraps that backward; ``higher_order`` wraps every backward of
     the window that builds a graph (``create_graph=True``); ``check_values``: read after each
     backward whether the leaves' own values are finite too. ``around`` wraps every backward where
     ``stop_at`` is None; ``after`` is told of each backward once it is checked; ``stops``: end the
@@ -82,6 +86,8 @@ class Session:
     stop_at: int | None = None
     limit: int | None = None
     window: int | None = None
+    lead: int = 0
+    marks: list[int] | None = None
     on_window: Callable[[], None] | None = None
     around: Around | None = None
     higher_order: Callable[[], contextlib.AbstractContextManager[Any]] | None = None
@@ -122,24 +128,27 @@ class Session:
     stepped_finite: bool | None = None
 
     def _maybe_open_window(self) -> None:
-        if not self._opened and self.window is not None and self.ends >= self.window:
+        if not self._opened and self.window is not None and self.ends >= self.window - self.lead:
             self._opened = True
             if self.on_window is not None:
                 self.on_window()
 
     def _end_step(self) -> None:
         self.ends += 1
+        if self.marks is not None:
+            self.marks.append(compat.sequence_nr())
         self._maybe_open_window()
 
     def _watched(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
                  call: Callable[[], Any], seed: Any = None) -> Any:
         """Run the backward ``call`` (a partial of autograd's own entry point) and watch it."""
-        # A compiler differentiating its graph while it traces is no step; a backward inside a watched
-        # one (a torch function mode handing the call back to the wrapper, reentrant checkpointing)
-        # is part of it.
+        # A compiler differentiating its graph while it traces is no step, nor is a backward of this
+        # library's own (a check of a rule, an ag.verify, a group's tangents computed from its vjp
+        # under jacfwd or hessian); a backward inside a watched one (a torch function mode handing
+        # the call back to the wrapper, reentrant checkpointing) is part of it.
         if self.halted:
             raise Stop
-        if self._inside or compat.is_compiling():
+        if self._inside or compat.is_compiling() or second_order.quiet() or tangents.transposing():
             return call()
         self._inside = True
         try:
@@ -268,7 +277,7 @@ class Session:
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.optimizer_steps += 1
-        if self.window is not None and not self._opened and self.ends + 1 >= self.window:
+        if self.window is not None and self.ends + 1 == self.window:
             self.stepped_finite = all_finite([p for group in optimizer.param_groups for p in group["params"]])
         self._end_step()
 
