@@ -6,12 +6,15 @@ run twice, a reentrant checkpoint, and groups whose tangents take backward passe
 from __future__ import annotations
 
 import textwrap
+import weakref
 from pathlib import Path
 
+import pytest
 import torch
 
 import autograd_groups as ag
 from autograd_groups.doctor.diagnose import diagnose
+from autograd_groups.doctor.instruments import ForwardWatch
 from autograd_groups.doctor.session import Session
 from autograd_groups.script import run_script
 from tests.conftest import line_of
@@ -123,11 +126,71 @@ def test_a_nonfinite_value_the_step_makes_of_finite_data_is_born_where_it_is_mad
         (3, "C", "forward", "std", line_of(script, "# born"))
 
 
-def test_a_nonfinite_value_in_the_data_itself_still_enters_it(tmp_path: Path) -> None:
-    script = _script(tmp_path, "counts.py", """\
+@pytest.mark.parametrize("made", [
+    "    with torch.no_grad():\n        xb = (xb - xb.mean(0)) / xb.std(0)  # born",
+    "    xb = (xb - xb.mean(0)) / xb.std(0)  # born\n    xb.requires_grad_(True)",
+])
+def test_data_made_non_finite_under_no_grad_or_made_a_leaf_is_born_where_it_is_made(
+        made: str, tmp_path: Path) -> None:
+    """Preprocessing under torch.no_grad(), and a batch made a leaf (an adversarial example's
+    input): still data the step computed, not a parameter or a batch that came in so."""
+    script = tmp_path / "made.py"
+    script.write_text("import torch\n"
+                      "torch.manual_seed(0)\n"
+                      "X, Y = torch.randn(9, 5), torch.randn(9, 1)\n"
+                      "model = torch.nn.Linear(5, 1)\n"
+                      "for i in range(0, 9, 4):\n"
+                      "    xb, yb = X[i:i + 4], Y[i:i + 4]\n"
+                      f"{made}\n"
+                      "    model.zero_grad()\n"
+                      "    torch.nn.functional.mse_loss(model(xb), yb).backward()\n")
+    report, _ = diagnose(str(script))
+    assert (report.step, report.cls, report.born.op, report.born.line) == \
+        (3, "C", "std", line_of(script, "# born"))
+
+
+def test_a_value_detached_from_what_the_step_made_carries_its_birth(tmp_path: Path) -> None:
+    """A critic's step on the generator's detached output (WGAN): the NaN the generator's division
+    made is born there, in the generator, not data entering the critic."""
+    script = _script(tmp_path, "critic.py", """\
         import torch
-        x = torch.tensor([[1.0, 2.0], [float("-inf"), 3.0]])
-        x = x * 2
+        torch.manual_seed(0)
+        g, c = torch.nn.Linear(3, 5, bias=False), torch.nn.Linear(5, 1)
+        for step in range(2):
+            z = torch.randn(4, 3)
+            if step == 1:
+                z[1] = 0.0
+            h = g(z)
+            fake = h / h.pow(2).sum(1, keepdim=True)  # born
+            c.zero_grad()
+            c(fake.detach()).mean().backward()
+        """)
+    report, _ = diagnose(str(script))
+    assert (report.step, report.cls, report.born.op, report.born.line) == \
+        (2, "C", "div", line_of(script, "# born"))
+
+
+def test_the_data_of_a_pass_under_no_grad_is_not_kept_alive() -> None:
+    """A validation pass in the watched run: its data calls are noted, their tensors not kept."""
+    watch = ForwardWatch()
+    with watch, torch.no_grad():
+        out = torch.nn.functional.relu(torch.randn(64, 64) @ torch.randn(64, 64))
+    kept = weakref.ref(out)
+    assert watch.data.origin(out) is None
+    del out
+    assert kept() is None
+
+
+@pytest.mark.parametrize("put", [
+    "x = torch.tensor([[1.0, 2.0], [float('-inf'), 3.0]]) * 2",  # made so outside torch's calls
+    "x = torch.ones(2, 2) * 3; x[1, 0] = float('nan')",  # assigned
+    "x = torch.ones(2, 2) * 3; x.data[1, 0] = float('nan')",  # assigned through an alias
+    "x = (torch.ones(2, 2) * 3).fill_(float('inf'))",  # filled
+])
+def test_a_nonfinite_value_put_into_the_data_still_enters_it(put: str, tmp_path: Path) -> None:
+    script = _script(tmp_path, "put.py", f"""\
+        import torch
+        {put}
         model = torch.nn.Linear(2, 1)
         loss = model(x).sum()  # taken
         loss.backward()

@@ -19,7 +19,9 @@ from torch.overrides import TorchFunctionMode
 
 from .. import compat
 from ..nodes import ACCUMULATE_GRAD, saved_names
+from .calls import Call
 from .frames import Frame, user_frame
+from .provenance import Provenance
 from .tensors import finite_flags, floating, plain
 
 #: Torch calls that read an attribute or a size rather than compute a value.
@@ -43,19 +45,8 @@ def _flat(value: Any) -> Iterator[Any]:
             yield item
 
 
-@dataclass
-class Call:
-    """One torch call of the forward: its name, the user's line, its floating-point tensor inputs
-    and outputs, for an in-place call whether each was finite when it ran (a call on data alone:
-    its inputs only), and whether a number it was given is infinite or NaN
-    (``masked_fill(mask, -inf)``: a value meant, not an overflow)."""
-
-    op: str
-    frame: Frame | None
-    inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
-    finite_now: list[bool] | None = None
-    given_nonfinite: bool = False
+def _numbers(args: Sequence[Any], kwargs: dict[str, Any]) -> list[float]:
+    return [a for a in _flat([args, kwargs]) if isinstance(a, float)]
 
 
 def memory_of(tensor: torch.Tensor) -> int | None:
@@ -76,9 +67,8 @@ class ForwardWatch(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.calls: list[Call] = []
-        #: Per tensor (by id: the calls keep their tensors alive), the calls on data alone that
-        #: wrote it, in order (more than one where some ran in place).
-        self.data: dict[int, list[Call]] = {}
+        #: The calls on data alone, and the detached copies: where the step's data came from.
+        self.data = Provenance()
         self.frames: dict[Any, Frame] = {}
         #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
         #: itself may run inside it) but records nothing more.
@@ -94,15 +84,15 @@ class ForwardWatch(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        if name in _NOT_OPS or not self.recording or not torch.is_grad_enabled():
+        if name in _NOT_OPS or not self.recording:
             return func(*args, **kwargs)
         given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
         in_place = name.endswith("_") and not name.endswith("__") or "out" in kwargs
-        if not any(a.requires_grad for a in given):
-            return self._on_data(name, func, args, kwargs, floating(given), in_place)
         if in_place and any(a.is_leaf and a.requires_grad for a in given):
-            # Initialising or loading parameters is no op of the differentiated step.
+            # Initialising, loading or updating parameters is no op of the differentiated step.
             return func(*args, **kwargs)
+        if not torch.is_grad_enabled() or not any(a.requires_grad for a in given):
+            return self._on_data(name, func, args, kwargs, floating(given), in_place)
         inputs = floating(given)
         before = None
         if in_place:
@@ -114,32 +104,33 @@ class ForwardWatch(TorchFunctionMode):
 
     def _on_data(self, name: str, func: Any, args: Sequence[Any], kwargs: dict[str, Any],
                  inputs: list[torch.Tensor], in_place: bool) -> Any:
-        """Run a call on data alone (batching, normalising a batch, a mask), and keep it where it
-        computes on floating-point tensors: read only where a non-finite value enters the
-        differentiated step."""
+        """Run a call on data alone (batching, normalising a batch, a mask, anything under
+        ``torch.no_grad()``) and note where its outputs came from (:class:`.Provenance`)."""
         if not inputs:
             return func(*args, **kwargs)
-        before = finite_flags(inputs) if in_place else None
+        assigned = name == "__setitem__"
+        before = finite_flags(inputs) if in_place or assigned else None
+        sources = [self.data.source(t) for t in inputs]
         out = func(*args, **kwargs)
-        outputs = floating(o for o in _flat(out) if isinstance(o, torch.Tensor))
+        # ``x[i] = v`` returns nothing: what it wrote is ``x``.
+        outputs = floating(args[:1] if assigned else _flat(out))
         if outputs:
-            numbers = [a for a in _flat([args, kwargs]) if isinstance(a, float)]
-            call = Call(name, user_frame(2), inputs, outputs, before, not all(map(math.isfinite, numbers)))
-            for o in outputs:
-                self.data.setdefault(id(o), []).append(call)
+            self.data.note(name, user_frame(2), _numbers(args, kwargs), inputs, sources, before, outputs)
         return out
 
     def _record(self, name: str, args: Sequence[Any], kwargs: dict[str, Any], inputs: list[torch.Tensor],
                 out: Any, before: list[bool] | None) -> None:
         outputs = [o for o in _flat(out) if isinstance(o, torch.Tensor)]
-        if not any(o.requires_grad for o in outputs):  # a mask, a detached copy: data from here on
-            return
         frame = user_frame(2)
         plain_outputs = floating(outputs)
+        if not any(o.requires_grad for o in outputs):  # a detached copy, a mask: data from here on
+            if plain_outputs:
+                sources = [self.data.source(t) for t in inputs]
+                self.data.note(name, frame, _numbers(args, kwargs), inputs, sources, before, plain_outputs)
+            return
         finite_now = None if before is None else before + finite_flags(plain_outputs)
-        numbers = [a for a in _flat([args, kwargs]) if isinstance(a, float)]
         self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now,
-                               not all(map(math.isfinite, numbers))))
+                               not all(map(math.isfinite, _numbers(args, kwargs)))))
         if frame is not None and name not in _DIFFERENTIATING:
             for o in outputs:
                 self._claim(o.grad_fn, frame)

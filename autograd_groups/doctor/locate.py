@@ -15,9 +15,11 @@ from typing import Any
 import torch
 
 from .. import compat, nodes
+from .calls import Call
 from .frames import Frame
-from .instruments import Call, Ran, memory_of
-from .tensors import finite_flags, plain
+from .instruments import Ran, memory_of
+from .provenance import Provenance
+from .tensors import plain
 
 #: How many indices and values a report shows.
 SHOWN = 5
@@ -80,13 +82,13 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
 
 
 def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
-            data: dict[int, list[Call]] | None = None) -> ForwardFinding:
+            data: Provenance | None = None) -> ForwardFinding:
     """Follow non-finite values through the forward's torch calls (inputs made before the step count
     as from outside) to the births and to what reached the loss ``roots``. A call is a birth where
     it makes a non-finite value from inputs that were finite or held only a meant infinity (an
-    additive ``-inf`` mask, which needs no gradient). ``data``: the step's calls on data alone,
-    by the tensors they wrote; a non-finite input that one of them made of finite data is born
-    there, not entered."""
+    additive ``-inf`` mask, which needs no gradient). ``data``: where the step's data came from; a
+    non-finite input that a call of the watched run computed of finite data is born there, and one
+    detached from what the step made carries that birth: neither entered."""
     tensors: list[torch.Tensor] = []
     for call in calls:
         if call.finite_now is None:
@@ -111,11 +113,14 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
                 carried = carried if carried is not None else made[id(tensor)]
             elif _counts_as_entering(tensor, call.op):
                 inherited = True
-                origin = None if tensor.requires_grad else made_of_data(tensor, data or {})
-                if origin is not None:
+                origin = None if data is None else data.origin(tensor)
+                if isinstance(origin, tuple):
                     made[id(tensor)] = len(found.births)
                     found.births.append(origin)
                     carried = carried if carried is not None else made[id(tensor)]
+                    continue
+                if origin is not None and made.get(id(origin)) is not None:
+                    carried = carried if carried is not None else made[id(origin)]
                     continue
                 if id(tensor) not in entered:
                     entered[id(tensor)] = len(found.entered)
@@ -139,27 +144,6 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
         if birth is not None and birth >= 0 and found.reached is None:
             found.reached = found.births[birth]
     return found
-
-
-def made_of_data(tensor: torch.Tensor, data: dict[int, list[Call]]) -> tuple[Call, torch.Tensor] | None:
-    """The call on data alone that made the non-finite ``tensor`` of finite inputs in the step (a
-    ``std`` over one sample, a division by a batch's zero range), followed back through the calls
-    that passed it on; None where it entered the step non-finite."""
-    writers = data.get(id(tensor), [])
-    seen: set[int] = set()
-    while writers and id(writers[-1]) not in seen:
-        call = writers[-1]
-        seen.add(id(call))
-        flags = call.finite_now if call.finite_now is not None else finite_flags(call.inputs)
-        bad = [t for t, finite in zip(call.inputs, flags) if not finite]
-        if not bad:
-            return call, tensor
-        if any(t is tensor for t in bad):  # in place over a value already non-finite
-            writers = writers[:-1]
-            continue
-        tensor = bad[0]
-        writers = data.get(id(tensor), [])
-    return None
 
 
 #: Ops that multiply their inputs (a layer's data), subtractions (a label taken from a prediction:
