@@ -68,7 +68,7 @@ class ForwardWatch(TorchFunctionMode):
         super().__init__()
         self.calls: list[Call] = []
         #: The calls on data alone, and the detached copies: where the step's data came from.
-        self.data = Provenance()
+        self.data: Provenance = Provenance()
         self.frames: dict[Any, Frame] = {}
         #: False once the step's backward starts: the mode stays on the stack (``Tensor.backward``
         #: itself may run inside it) but records nothing more.
@@ -77,7 +77,7 @@ class ForwardWatch(TorchFunctionMode):
         self._apply: Any = None
         #: The sequence number of the first autograd node made while the mode is on: the nodes
         #: made before are no call's of the watched step.
-        self.first = 0
+        self.first: int = 0
         self._thread: int | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),

@@ -77,7 +77,7 @@ class Held:
     functions' globals and what they hold (a script's top-level output of the group)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.ref = weakref.ref(module)
+        self.ref: weakref.ref[torch.nn.Module] = weakref.ref(module)
 
 
 #: A call as a check re-runs it: the function (a weak reference: called, it gives the function or
