@@ -129,6 +129,7 @@ def test_a_nonfinite_value_the_step_makes_of_finite_data_is_born_where_it_is_mad
 @pytest.mark.parametrize("made", [
     "    with torch.no_grad():\n        xb = (xb - xb.mean(0)) / xb.std(0)  # born",
     "    xb = (xb - xb.mean(0)) / xb.std(0)  # born\n    xb.requires_grad_(True)",
+    "    xb = xb.clone()\n    xb[:, 2:].sub_(xb.mean(0)[2:]).div_(xb.std(0)[2:])  # born",
 ])
 def test_data_made_non_finite_under_no_grad_or_made_a_leaf_is_born_where_it_is_made(
         made: str, tmp_path: Path) -> None:
@@ -178,7 +179,38 @@ def test_the_data_of_a_pass_under_no_grad_is_not_kept_alive() -> None:
     kept = weakref.ref(out)
     assert watch.data.origin(out) is None
     del out
-    assert kept() is None
+    assert kept() is None and not watch.data.written
+
+
+def test_a_sparse_gradient_in_the_bad_step_is_read(tmp_path: Path) -> None:
+    """An embedding with sparse=True: its weight's gradient is a sparse tensor, which isfinite
+    does not take."""
+    script = _script(tmp_path, "sparse.py", """\
+        import torch
+        emb, head = torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 1)
+        for step in range(2):
+            ids = torch.tensor([[1, 2], [3, 4]])
+            valid = torch.ones(2, 2) if step == 0 else torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+            pooled = (emb(ids) * valid[..., None]).sum(1) / valid.sum(1, keepdim=True)  # born
+            emb.zero_grad(); head.zero_grad()
+            head(pooled).sum().backward()
+        """)
+    report, _ = diagnose(str(script))
+    assert (report.step, report.cls, report.born.op, report.born.line) == \
+        (2, "C", "div", line_of(script, "# born"))
+
+
+def test_compiled_code_in_an_in_process_block_is_diagnosed_as_the_command_replays_it() -> None:
+    """Dynamo would trace the instruments and split the graph; the block runs compiled code
+    eagerly, as the command's replay does, and names the op and the user's function."""
+    def energy(v: torch.Tensor) -> torch.Tensor:
+        return v.log().sum()
+
+    compiled = torch.compile(energy, backend="eager")
+    w = torch.zeros(3, requires_grad=True)
+    with ag.doctor() as report:
+        compiled(w).backward()
+    assert (report.born.node, report.born.function) == ("LogBackward0", "energy")
 
 
 @pytest.mark.parametrize("put", [

@@ -21,6 +21,7 @@ from ..verify.verify import MAX_INSTANCES
 from ..verify.verify import check as verify_check
 from .replay import RandomState, run
 from .session import Backward, Grads, Leaves, Session
+from .tensors import dense
 
 #: How close a new gradient must be to the original where that was finite: float rounding of a
 #: native op against its composite, not a change of value.
@@ -104,6 +105,8 @@ def _compare(baseline: Baseline, leaves: Leaves, grads: Grads, losses: list[torc
             continue
         if now is None:
             return f"the changed script gave no gradient for tensor {i} of shape {tuple(old.shape)}"
+        # A sparse gradient (an embedding's) is compared element by element as the dense one.
+        old, now = dense(old), dense(now)
         if not bool(torch.isfinite(now).all()):
             return (f"{STILL_NOT_FINITE}: {int((~torch.isfinite(now)).sum())} elements of the "
                     f"tensor of shape {tuple(now.shape)}")

@@ -20,7 +20,7 @@ from .propose import propose
 from .replay import Instrumented, RandomState, replay, run
 from .report import Appears, Diagnosis
 from .session import Grads, Session
-from .tensors import all_finite
+from .tensors import all_finite, stored
 
 #: How many step ends before the bad step its forward is looked for at most: the replay keeps the
 #: tensors of every call it watches.
@@ -172,5 +172,6 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
 
 def _overflowed_in_sum(grads: Grads) -> bool:
     """Whether the non-finite leaf gradients hold infinities only, no NaN."""
-    bad = [g[~torch.isfinite(g)] for g in grads if g is not None and not bool(torch.isfinite(g).all())]
+    values = [stored(g) for g in grads if g is not None]
+    bad = [v[~torch.isfinite(v)] for v in values if not bool(torch.isfinite(v).all())]
     return bool(bad) and not any(bool(torch.isnan(b).any()) for b in bad)

@@ -18,7 +18,8 @@ def doctor() -> Iterator[Diagnosis]:
     loss or leaf gradients are not finite into the yielded report (the one ``autograd-groups
     doctor`` prints). The block's code cannot be run again from here, so its proposals are not
     checked: for checked fixes, run the script under ``autograd-groups doctor``. Each watched step
-    costs what an instrumented step does (docs: "Doctor"); after the finding, nothing more is watched.
+    costs what an instrumented step does (docs: "Doctor"); compiled code runs eagerly in the block;
+    after the finding, nothing more is watched.
 
     >>> import torch, autograd_groups as ag
     >>> x = torch.zeros(3, requires_grad=True)
@@ -29,13 +30,14 @@ def doctor() -> Iterator[Diagnosis]:
     """
     from .check import Baseline
     from .diagnose import diagnose_step
+    from .instruments import ForwardWatch
     from .propose import NOT_REPLAYED, propose
-    from .replay import Instrumented, RandomState, linked
+    from .replay import Instrumented, RandomState, linked, stance
     from .report import Diagnosis
     from .session import Session
 
     report = Diagnosis("clean", 0)
-    seen = Instrumented()
+    seen = Instrumented(ForwardWatch(no_grad=False))
     session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False,
                       higher_order=linked, check_values=True)
 
@@ -55,7 +57,9 @@ def doctor() -> Iterator[Diagnosis]:
 
     session.after = after
     try:
-        with session.installed():
+        # Compiled code runs eagerly in the block, as in the command's replay: Dynamo would trace
+        # the instruments, and a compiled backward's nodes cannot be hooked.
+        with session.installed(), stance("force_eager"):
             yield report
     finally:
         seen.close()

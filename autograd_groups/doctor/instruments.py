@@ -64,8 +64,11 @@ class ForwardWatch(TorchFunctionMode):
     requires grad), so that a non-finite value the step made of finite data is told from one that
     entered it."""
 
-    def __init__(self) -> None:
+    def __init__(self, no_grad: bool = True) -> None:
         super().__init__()
+        #: Whether calls under ``torch.no_grad()`` are noted as data (a validation pass among
+        #: them): the replay of one step does; ``ag.doctor()``, which watches every step, does not.
+        self.no_grad = no_grad
         self.calls: list[Call] = []
         #: The calls on data alone, and the detached copies: where the step's data came from.
         self.data: Provenance = Provenance()
@@ -84,7 +87,7 @@ class ForwardWatch(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", str(func))
-        if name in _NOT_OPS or not self.recording:
+        if name in _NOT_OPS or not self.recording or not (self.no_grad or torch.is_grad_enabled()):
             return func(*args, **kwargs)
         given = [a for a in _flat([args, kwargs]) if isinstance(a, torch.Tensor)]
         in_place = name.endswith("_") and not name.endswith("__") or "out" in kwargs

@@ -19,7 +19,7 @@ from .calls import Call
 from .frames import Frame
 from .instruments import Ran, memory_of
 from .provenance import Provenance
-from .tensors import plain
+from .tensors import dense, plain, stored
 
 #: How many indices and values a report shows.
 SHOWN = 5
@@ -76,8 +76,9 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
     """Per tensor, whether it is all finite and whether it holds a NaN: one host read."""
     if not tensors:
         return [], []
-    both = torch.stack([torch.stack([torch.isfinite(t).all(), torch.isnan(t).any()]).cpu()
-                        for t in tensors]).tolist()
+    values = [stored(t) for t in tensors]  # a sparse gradient's values: isfinite has no sparse kernel
+    both = torch.stack([torch.stack([torch.isfinite(v).all(), torch.isnan(v).any()]).cpu()
+                        for v in values]).tolist()
     return [bool(a) for a, _ in both], [bool(b) for _, b in both]
 
 
@@ -314,8 +315,8 @@ def _born(phase: str, node: str | None, op: str, frame: Frame | None, bad: torch
 
 def born_mask(r: Ran) -> torch.Tensor:
     """Where the first non-finite gradient a node passed on is not finite."""
-    grad = next(g for g in r.grad_inputs if g is not None and not bool(torch.isfinite(g).all()))
-    return ~torch.isfinite(plain(grad))
+    grads = [dense(plain(g)) for g in r.grad_inputs if g is not None]
+    return ~torch.isfinite(next(g for g in grads if not bool(torch.isfinite(g).all())))
 
 
 def saved_tensors(r: Ran) -> list[torch.Tensor]:

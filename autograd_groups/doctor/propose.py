@@ -37,6 +37,7 @@ from .instruments import Ran
 from .locate import Born
 from .replay import RandomState
 from .report import Diagnosis, Proposal
+from .tensors import dense
 
 
 @dataclass
@@ -529,7 +530,8 @@ def _condition(ran: Ran | None) -> str | None:
     born: ``result == 0``, ``self == 0``, ``abs(self) == 1``; None where none does."""
     if ran is None:
         return None
-    grad = next((g for g in ran.grad_inputs if g is not None and not bool(torch.isfinite(g).all())), None)
+    grads = [dense(g) for g in ran.grad_inputs if g is not None]
+    grad = next((g for g in grads if not bool(torch.isfinite(g).all())), None)
     if grad is None:
         return None
     bad = ~torch.isfinite(grad)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import torch
 
+from .. import compat
 from .calls import Call
 from .frames import Frame
 from .tensors import finite_flags
@@ -62,14 +63,29 @@ class Provenance:
     def note(self, op: str, frame: Frame | None, numbers: Sequence[float], inputs: list[torch.Tensor],
              sources: list[Source], before: list[bool] | None, outputs: list[torch.Tensor]) -> None:
         """Keep a call that wrote ``outputs`` from ``inputs`` (``sources``, taken before it ran;
-        ``before``: an in-place call's inputs' flags, taken then too)."""
-        flags = finite_flags([*inputs, *outputs]) if before is None else before + finite_flags(outputs)
+        ``before``: an in-place call's inputs' flags, taken then too). A view it wrote in place
+        wrote its base too (``xb[:, 2:].div_(s)`` changes ``xb``)."""
+        written = list(outputs)
+        for output in outputs:
+            base = compat.view_base(output)
+            if base is not None and before is not None and not any(base is w for w in written):
+                written.append(base)
+        flags = finite_flags([*inputs, *written]) if before is None else before + finite_flags(written)
         finite_in, finite_out = flags[:len(inputs)], flags[len(inputs):]
         made = DataCall(op, frame, not all(map(math.isfinite, numbers)), finite_in, finite_out, sources)
         if all(finite_in) and not all(finite_out):
-            made.birth = Call(op, frame, inputs, outputs, flags, made.given_nonfinite)
-        for index, output in enumerate(outputs):
-            self.written[id(output)] = (weakref.ref(output), made, index)
+            made.birth = Call(op, frame, inputs, written, flags, made.given_nonfinite)
+        for index, output in enumerate(written):
+            self.written[id(output)] = (weakref.ref(output, self._forget(id(output))), made, index)
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[torch.Tensor]], None]:
+        """Drop the entry of a tensor once it dies (its id may be reused; what wrote it no longer
+        matters)."""
+        def forget(ref: weakref.ref[torch.Tensor]) -> None:
+            entry = self.written.get(key)
+            if entry is not None and entry[0] is ref:
+                del self.written[key]
+        return forget
 
     def origin(self, tensor: torch.Tensor) -> tuple[Call, torch.Tensor] | torch.Tensor | None:
         """Where the non-finite ``tensor`` was made: the birth (a data call that computed it of

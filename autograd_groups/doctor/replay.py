@@ -74,7 +74,7 @@ def run(path: str, args: list[str], session: Session, start: RandomState, source
     code: Exit | None = None
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        with session.installed(), _stance("force_eager" if eager else None), modules.fresh(folder, changed), \
+        with session.installed(), stance("force_eager" if eager else None), modules.fresh(folder, changed), \
                 _stop_ends_threads():
             code = run_script(path, args, source, passes=(Stop,))
     except Stop:
@@ -106,12 +106,14 @@ def _stop_ends_threads() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stance(stance: str | None) -> Iterator[None]:
+def stance(name: str | None) -> Iterator[None]:
+    """Run the block under ``torch.compiler.set_stance(name)`` (nothing where ``name`` is None or
+    the release has no stances)."""
     set_stance = getattr(torch.compiler, "set_stance", None)
-    if stance is None or set_stance is None:
+    if name is None or set_stance is None:
         yield
         return
-    with set_stance(stance):
+    with set_stance(name):
         yield
 
 

@@ -67,6 +67,16 @@ def stored(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.coalesce().values() if tensor.layout == torch.sparse_coo else tensor.values()
 
 
+def dense(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with its every element, sparse or not (an embedding's sparse gradient made dense,
+    to be compared or masked element by element).
+
+    >>> dense(torch.tensor([[0.0, 2.0]]).to_sparse())
+    tensor([[0., 2.]])
+    """
+    return tensor if tensor.layout == torch.strided else tensor.to_dense()
+
+
 _CPU = torch.device("cpu")
 
 
