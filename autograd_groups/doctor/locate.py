@@ -82,8 +82,7 @@ def _flags(tensors: Sequence[torch.Tensor]) -> tuple[list[bool], list[bool]]:
     return [bool(a) for a, _ in both], [bool(b) for _, b in both]
 
 
-def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
-            data: Provenance | None = None) -> ForwardFinding:
+def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor], data: Provenance) -> ForwardFinding:
     """Follow non-finite values through the forward's torch calls (inputs made before the step count
     as from outside) to the births and to what reached the loss ``roots``. A call is a birth where
     it makes a non-finite value from inputs that were finite or held only a meant infinity (an
@@ -114,7 +113,7 @@ def forward(calls: Sequence[Call], roots: Sequence[torch.Tensor],
                 carried = carried if carried is not None else made[id(tensor)]
             elif _counts_as_entering(tensor, call.op):
                 inherited = True
-                origin = None if data is None else data.origin(tensor)
+                origin = data.origin(tensor)
                 if isinstance(origin, tuple):
                     made[id(tensor)] = len(found.births)
                     found.births.append(origin)

@@ -55,8 +55,10 @@ class Provenance:
 
     def source(self, tensor: torch.Tensor) -> Source:
         """Where ``tensor`` came from, as of now."""
-        if tensor.requires_grad:
-            return tensor
+        return tensor if tensor.requires_grad else self._writer(tensor)
+
+    def _writer(self, tensor: torch.Tensor) -> tuple[DataCall, int] | None:
+        """The data call that last wrote ``tensor``, and which of its outputs it was."""
         entry = self.written.get(id(tensor))
         return (entry[1], entry[2]) if entry is not None and entry[0]() is tensor else None
 
@@ -91,8 +93,7 @@ class Provenance:
         """Where the non-finite ``tensor`` was made: the birth (a data call that computed it of
         finite values, with the output it made), a tensor the differentiated calls made, or None
         (it entered the watched run so, was put there, or changed after its last watched call)."""
-        entry = self.written.get(id(tensor))
-        at = (entry[1], entry[2]) if entry is not None and entry[0]() is tensor else None
+        at = self._writer(tensor)
         seen: set[int] = set()
         while at is not None and id(at[0]) not in seen:
             made, index = at
