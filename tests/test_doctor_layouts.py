@@ -65,6 +65,7 @@ def test_a_generator_run_before_the_discriminators_step_is_found_at_its_own_line
     assert (report.cls, report.born.node, report.born.line, report.born.function) == \
         ("B", "SqrtBackward0", line_of(script, "# born"), "forward")
     assert [p.kind for p in report.proposals if p.checked] == ["native", "builtin"]
+    assert report.notes == []  # a replay that reached the step, no reentrant checkpoint: nothing to say
 
 
 def test_losses_computed_before_the_first_of_their_backward_passes_keep_their_lines(tmp_path: Path) -> None:

@@ -162,3 +162,38 @@ def test_where_a_host_read_is_off_nothing_is_read_or_checked() -> None:
     with host_reads.off():
         assert told(lambda: power(x, torch.ones(2, dtype=F64)).sum().backward()) == []
     assert first_order.runs == before and torch.equal(x.grad, torch.zeros(2, dtype=F64))
+
+
+def test_a_rule_on_a_modules_method_is_checked_with_its_module() -> None:
+    """A group on ``forward``: its call keeps the module weakly (a module dropped before the
+    backward is not checked), and the check calls the method on that module again. Flagged where
+    the rule is wrong (Rodrigues at 0), silent where it is right (a norm's subgradient at 0,
+    scaled by the module's weight)."""
+    ag.register_rule("fo.method.rotation", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+    ag.register_rule("fo.method.norm", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
+
+    class Rotation(torch.nn.Module):
+        turns = 1.0
+
+        @ag.autograd_group("fo.method.rotation")
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            theta = (v * v).sum().sqrt() * self.turns
+            k = tc.hat(v / theta.clamp_min(1e-12))
+            return torch.eye(3, dtype=v.dtype) + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
+
+    class Norm(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(2.0, dtype=F64))
+
+        @ag.autograd_group("fo.method.norm")
+        def forward(self, v: torch.Tensor) -> torch.Tensor:
+            return (v * v).sum().sqrt() * self.scale
+
+    v = torch.zeros(3, dtype=F64, requires_grad=True)
+    weights = torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(1))
+    rotation, norm = Rotation(), Norm()  # alive at the backward, as a model is
+    wrong = told(lambda: (rotation(v) * weights).sum().backward())
+    right = told(lambda: norm(v).backward())
+    assert len(wrong) == 1 and "group 'fo.method.rotation'" in str(wrong[0].message)
+    assert right == []
