@@ -1063,6 +1063,33 @@ def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> No
     assert report.born is not None and report.born.node == "SqrtBackward0"
 
 
+def test_fixes_under_a_loss_scaler_are_checked_at_the_first_step_it_skipped(tmp_path: Path) -> None:
+    """The scaler skips the five overflow steps of a real NaN; a fixed script takes them, so its
+    weights differ at the fifth, and its fixes are compared at the first."""
+    script = tmp_path / "scaled.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "w = torch.nn.Parameter(torch.randn(3))\n"
+        "anchor = torch.nn.Parameter(torch.zeros(3))\n"
+        "opt = torch.optim.SGD([w, anchor], lr=0.1)\n"
+        "scaler = torch.amp.GradScaler('cpu')\n"
+        "for _ in range(8):\n"
+        "    loss = (w ** 2).sum() + ((anchor - torch.zeros(3)) ** 2).sum().sqrt()\n"
+        "    opt.zero_grad()\n"
+        "    scaler.scale(loss).backward()\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n")
+    report, _ = diagnose(str(script))
+    assert (report.status, report.cls, report.step) == ("found", "B", 5)
+    assert report.notes == ["the fixes are checked at backward pass 1, the first of the loss scaler's "
+                            "overflows up to 5: it skipped their steps, so a fixed script's weights "
+                            "differ from the original's after it"]
+    native = report.proposals[0]
+    assert native.kind == "native" and "torch.linalg.vector_norm" in native.diff
+    assert native.checked and native.check.startswith("backward pass 1 replayed: gradients finite")
+
+
 def test_the_demos_nan_is_diagnosed_with_a_checked_fix() -> None:
     """``make demo`` runs the doctor on examples/triplet_nan.py: the demo's plain-composite NaN."""
     script = Path(__file__).resolve().parents[1] / "examples" / "triplet_nan.py"

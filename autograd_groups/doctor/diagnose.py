@@ -97,9 +97,28 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
                             "op inside it and proposes fixes for it")
     baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads, again.session.last_losses,
                         again.session.create_graph)
+    if check and bad.overflow_from is not None and bad.overflow_from < bad.index:
+        baseline = _at_first_overflow(script, args, bad.overflow_from, start, baseline)
+        if baseline.bad is not bad:
+            report.notes.append(f"the fixes are checked at backward pass {baseline.bad.index}, the first of "
+                                f"the loss scaler's overflows up to {bad.index}: it skipped their steps, so "
+                                "a fixed script's weights differ from the original's after it")
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
                                "checks were turned off", upstream)
     return report, Exit(0)
+
+
+def _at_first_overflow(script: str, args: list[str], index: int, start: RandomState,
+                       baseline: Baseline) -> Baseline:
+    """The original's backward pass ``index`` (the first of a loss scaler's run of overflows that
+    ended at ``baseline``'s), to check fixes against; ``baseline`` where the replay did not reach it."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        first = run(script, args, Session(stop_at=index), start, eager=True)
+    session = first.session
+    if not first.stopped or session.last is None or session.last.index != index:
+        return baseline
+    return Baseline(session.last, session.last_leaves, session.last_grads, session.last_losses,
+                    baseline.second_order)
 
 
 def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,

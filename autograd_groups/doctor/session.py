@@ -48,6 +48,9 @@ class Backward:
     scaled_overflow: bool = False
     #: Whether the gradient it was given (``loss.backward(g)``) was finite; read where it went bad.
     seeded_finite: bool = True
+    #: Under a loss scaler, the number of the first backward of the run of overflows this one is in:
+    #: the scaler skipped the steps after it, so a fixed script's weights equal the original's there.
+    overflow_from: int | None = None
 
     @property
     def finite(self) -> bool:
@@ -120,8 +123,9 @@ class Session:
     #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
     halted: bool = False
     _halt_hook: Any = None
-    #: Consecutive loss-scaler overflows.
+    #: Consecutive loss-scaler overflows, and the number of the backward the last run of them began at.
     overflows: int = 0
+    overflow_from: int | None = None
     #: Whether the parameters of the optimizer step that ended the step before the window were
     #: finite right after it (None: no such step): a parameter non-finite at the window's start
     #: that the step left finite was made so by the script (a checkpoint loaded, an assignment).
@@ -176,8 +180,7 @@ class Session:
         # Dynamo is imported: the graph is walked for them only after.
         reached: Leaves = []
         if inputs is None or compat.dynamo_imported():
-            reached, kinds = leaves_of(nodes)
-            backward.compiled = any("CompiledFunction" in kind.__name__ for kind in kinds)
+            reached, backward.compiled = leaves_of(nodes)
             self.compiled |= backward.compiled
         targets: Leaves = reached if inputs is None else (
             [inputs] if isinstance(inputs, (torch.Tensor, GradientEdge)) else list(inputs))
@@ -204,6 +207,9 @@ class Session:
             scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
             if scaler is not None:
                 self.overflows += 1
+                if self.overflows == 1:
+                    self.overflow_from = backward.index
+                backward.overflow_from = self.overflow_from
                 # A scale the script set above the default start takes more halvings to come down.
                 high = scaler.get_scale() > STARTING_SCALE
                 backward.scaled_overflow = self.overflows < SCALER_SKIPS or high

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import compat
-from ..nodes import ACCUMULATE_GRAD, reachable
+from ..nodes import ACCUMULATE_GRAD
 
 
 def plain(value: torch.Tensor) -> torch.Tensor:
@@ -90,17 +90,15 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     >>> finite_groups([[torch.ones(2)], [torch.ones(2), big, torch.arange(3)], [nan]])
     [True, True, False]
     """
-    flat = [t for group in groups for t in group]
-    devices = {t.device for t in flat}
+    flat = [t.detach() if t.requires_grad else t for group in groups for t in group]
     # A sum is finite where every element is (an infinity or a NaN makes it inf or NaN), and it
-    # reads each element once; detached where need be, so that autograd records nothing.
-    if devices <= {_CPU}:
+    # reads each element once; detached, so that autograd records nothing.
+    if all([t.is_cpu for t in flat]):
         # On the CPU a read waits for nothing: each sum is read as it is made, one element as it is.
-        total: complex = sum([(t if t.numel() == 1 else (t.detach() if t.requires_grad else t).sum()).item()
-                              for t in flat])
-    elif len(devices) == 1:
+        total: complex = sum([(t if t.numel() == 1 else t.sum()).item() for t in flat])
+    elif len({t.device for t in flat}) == 1:
         # One host read, so that the host waits for the device once.
-        total = torch.stack([(t.detach() if t.requires_grad else t).sum() for t in flat]).sum().item()
+        total = torch.stack([t.sum() for t in flat]).sum().item()
     else:
         total = math.nan
     if cmath.isfinite(total):
@@ -108,20 +106,29 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     return [all_finite(floating(group)) for group in groups]
 
 
-def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], set[type]]:
+def leaves_of(roots: Sequence[Any]) -> tuple[list[torch.Tensor], bool]:
     """The leaves reachable from the autograd nodes ``roots`` (the tensors their accumulators write
-    into), and the classes of the other nodes reached.
+    into), and whether a compiled graph (a ``CompiledFunction`` node) is among the nodes reached.
 
     >>> x = torch.ones(2, requires_grad=True)
-    >>> leaves, kinds = leaves_of([(x * 2).exp().grad_fn])
-    >>> leaves[0] is x, sorted(kind.__name__ for kind in kinds)
-    (True, ['ExpBackward0', 'MulBackward0'])
+    >>> leaves, compiled = leaves_of([(x * 2).exp().grad_fn])
+    >>> leaves[0] is x, compiled
+    (True, False)
     """
+    # The same walk as nodes.reachable, kept to what the trigger needs: it runs after every
+    # backward of a training run.
     leaves: list[torch.Tensor] = []
-    kinds: set[type] = set()
-    for node in reachable(roots):
+    compiled = False
+    seen: set[Any] = {None}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
         if type(node) is ACCUMULATE_GRAD:
             leaves.append(node.variable)  # type: ignore[attr-defined]
-        else:
-            kinds.add(type(node))
-    return leaves, kinds
+            continue
+        compiled = compiled or "CompiledFunction" in type(node).__name__
+        stack += [edge[0] for edge in node.next_functions]
+    return leaves, compiled
