@@ -126,6 +126,12 @@ temporarily_clear_interpreter_stack: Callable[[], Any] = find(
     _pyfunctorch, "temporarily_clear_interpreter_stack", _FUNC)
 
 
+# A module's parameters put in place for one call (torch.func.functional_call's own way), for any
+# function that takes the module.
+reparametrized: Callable[..., Any] = find(_module("torch.nn.utils.stateless"), "_reparametrize_module",
+                                          "checking a rule on a module's method at its parameters")
+
+
 # torch.autograd.functional's vectorized Jacobians run in the older vmap mode, which refuses random
 # ops (a check's random vectors) for as long as it is on.
 _LEGACY_VMAP = "a check inside torch.autograd.functional with vectorize=True"

@@ -18,6 +18,7 @@ from autograd_groups.instance import GroupInstance
 from autograd_groups.sites.hooks import SiteHook
 from autograd_groups.verify import limits, points
 from conftest import assert_fits
+import trust_cases as tc
 
 
 @ag.autograd_group("norm")
@@ -101,6 +102,45 @@ def test_a_norm_at_zero_is_a_kink_where_the_subgradient_0_is_consistent() -> Non
     # The limits along d are the components of d / |d|: opposite for d and -d, within [-1, 1].
     assert -1 <= row.low < -0.05 and row.high == pytest.approx(-row.low, abs=1e-9)
     assert row.checked == 3 and row.input.startswith("v[")
+
+
+def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> None:
+    """A group on ``forward`` whose input is data: autograd differentiates the module's parameters,
+    and the check takes them as its inputs. Consistent where the rule is right (a distance's
+    subgradient 0 at its centre), inconsistent where it is wrong (a rotation by a parameter at 0,
+    whose gradient there is not 0)."""
+    ag.register_rule("centred", SQRT_AT_ZERO)
+    ag.register_rule("turned", SQRT_AT_ZERO)
+
+    class Centred(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.centre = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+
+        @ag.autograd_group("centred")
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return ((x - self.centre) ** 2).sum().sqrt()
+
+    class Turned(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.v = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+
+        @ag.autograd_group("turned")
+        def forward(self, weights: torch.Tensor) -> torch.Tensor:
+            theta = (self.v * self.v).sum().sqrt()
+            k = tc.hat(self.v / theta.clamp_min(1e-12))
+            rotation = torch.eye(3, dtype=weights.dtype) + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
+            return (rotation * weights).sum()
+
+    # The data is no argument of ag.verify's function (whose arguments it differentiates too).
+    centred, data = Centred(), torch.zeros(3, dtype=torch.float64)
+    right = _only(ag.verify(lambda: centred(data)))
+    assert (right.status, right.point, right.rule_value) == ("consistent", "kink", 0.0)
+    assert right.input.startswith("self.centre[")
+    turned, weights = Turned(), torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    wrong = _only(ag.verify(lambda: turned(weights)))
+    assert wrong.status == "inconsistent" and wrong.input.startswith("self.v[")
 
 
 def test_a_group_that_reaches_a_modules_float32_weights_is_checked_in_float64() -> None:

@@ -105,7 +105,15 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
              wanted: Callable[[torch.Tensor], bool], dtype: torch.dtype | None = torch.float64) -> Point:
     """``fn(*args, **kwargs)`` as a function of ``dtype`` copies of its floating-point tensor
     arguments that are ``wanted``; its other floating-point tensor arguments become ``dtype``
-    constants. ``dtype=None`` keeps each tensor's own (the point as it was recorded)."""
+    constants. ``dtype=None`` keeps each tensor's own (the point as it was recorded). Where no
+    tensor argument is wanted, the ``wanted`` parameters of its module arguments are the inputs
+    (a module's forward on data).
+
+    >>> layer = torch.nn.Linear(2, 1)
+    >>> point = point_of(lambda m, x: m(x).sum(), [layer, torch.ones(1, 2)], {}, lambda t: t.requires_grad)
+    >>> point.names
+    ['m.weight', 'm.bias']
+    """
     names = _parameter_names(fn, len(args))
     slots: list[int | str] = []
     inputs: list[torch.Tensor] = []
@@ -127,6 +135,20 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
             base_args[key] = copy
         else:
             base_kwargs[key] = copy
+    # A module's method on data (a forward): what autograd differentiates there is the module's
+    # parameters, put in place of its own for each run.
+    held: list[tuple[torch.nn.Module, list[str]]] = []
+    for _, value, name in keyed if not inputs else ():
+        if not isinstance(value, torch.nn.Module) or any(value is module for module, _ in held):
+            continue
+        own = [(key, p) for key, p in value.named_parameters() if p.is_floating_point() and wanted(p)]
+        if own:
+            held.append((value, [key for key, _ in own]))
+        for key, p in own:
+            copy = p.detach().to(dtype or p.dtype).clone()
+            narrow = narrow or copy.dtype.itemsize > p.dtype.itemsize
+            inputs.append(copy)
+            input_names.append(f"{name}.{key}")
 
     def run(xs: list[torch.Tensor]) -> Any:
         call_args, call_kwargs = list(base_args), dict(base_kwargs)
@@ -135,7 +157,12 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
                 call_args[key] = x
             else:
                 call_kwargs[key] = x
-        with Widened():
+        with contextlib.ExitStack() as stack:
+            rest = xs[len(slots):]
+            for module, keys in held:
+                stack.enter_context(compat.reparametrized(module, dict(zip(keys, rest))))
+                rest = rest[len(keys):]
+            stack.enter_context(Widened())
             return fn(*call_args, **call_kwargs)
 
     return Point(run, inputs, input_names, narrow)
