@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+import trust_cases as tc
 
 import autograd_groups as ag
 from autograd_groups.errors import GroupError
@@ -18,7 +19,6 @@ from autograd_groups.instance import GroupInstance
 from autograd_groups.sites.hooks import SiteHook
 from autograd_groups.verify import limits, points
 from conftest import assert_fits
-import trust_cases as tc
 
 
 @ag.autograd_group("norm")
@@ -130,15 +130,16 @@ def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> Non
         def forward(self, weights: torch.Tensor) -> torch.Tensor:
             theta = (self.v * self.v).sum().sqrt()
             k = tc.hat(self.v / theta.clamp_min(1e-12))
-            rotation = torch.eye(3, dtype=weights.dtype) + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
-            return (rotation * weights).sum()
+            turn = torch.eye(3, dtype=weights.dtype) + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
+            return (turn * weights).sum()
 
     # The data is no argument of ag.verify's function (whose arguments it differentiates too).
     centred, data = Centred(), torch.zeros(3, dtype=torch.float64)
     right = _only(ag.verify(lambda: centred(data)))
     assert (right.status, right.point, right.rule_value) == ("consistent", "kink", 0.0)
     assert right.input.startswith("self.centre[")
-    turned, weights = Turned(), torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    turned = Turned()
+    weights = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     wrong = _only(ag.verify(lambda: turned(weights)))
     assert wrong.status == "inconsistent" and wrong.input.startswith("self.v[")
 
