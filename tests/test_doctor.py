@@ -284,6 +284,10 @@ def test_x_log_y_and_atan_of_a_ratio_get_their_native_ops(expression: str, nativ
     (["x = torch.zeros(3, 2, requires_grad=True)", "w = torch.arange(3.0)", "def f(x):",
       "    return ((x[:, None] - x[None, :]).pow(2).sum(-1, True).sqrt() * w).sum()"],
      "    return (torch.linalg.vector_norm(x[:, None] - x[None, :], dim=-1, keepdim=True) * w).sum()"),
+    # A square written as a product of one name with itself.
+    (["x = torch.zeros(3, 2, requires_grad=True)", "def f(x):",
+      "    return torch.sqrt(torch.sum(x * x, dim=-1)).sum()"],
+     "    return torch.linalg.vector_norm(x, dim=-1).sum()"),
     # A tuple of dims stays one.
     (["x = torch.zeros(2, 2, 2)", "x[1] = 1.0", "x.requires_grad_()", "def f(x):",
       "    return (x / x.pow(2).sum(dim=(1, 2), keepdim=True).sqrt())[1].sum()"],
@@ -1052,7 +1056,7 @@ def test_a_run_that_ends_in_skipped_overflows_says_a_nan_may_be_untold(tmp_path:
         "GradScaler('cpu')", "GradScaler('cpu', init_scale=2.0 ** 70)"))
     report, _ = diagnose(str(script))
     assert report.status == "clean"
-    assert report.notes and "the last 12 backward pass(es) overflowed" in report.notes[0]
+    assert report.notes and "the last 12 step(s) overflowed" in report.notes[0]
 
 
 def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> None:
@@ -1061,6 +1065,45 @@ def test_a_loss_scaler_that_keeps_overflowing_is_a_finding(tmp_path: Path) -> No
     report, _ = diagnose(str(script))
     assert report.status == "found" and report.cls == "B" and report.step == 5
     assert report.born is not None and report.born.node == "SqrtBackward0"
+
+
+_ACCUMULATED = (
+    "import torch\n"
+    "w = torch.nn.Parameter(torch.full((2,), 1e-10))\n"
+    "opt = torch.optim.SGD([w], lr=1e-40)\n"
+    "scaler = torch.amp.GradScaler('cpu')\n"
+    "for _ in range(12):\n"
+    "    opt.zero_grad()\n"
+    "    for loss in {losses}:\n"
+    "        scaler.scale(loss(w)).backward()\n"
+    "    scaler.step(opt)\n"
+    "    scaler.update()\n")
+
+
+def test_a_loss_scaler_counts_its_steps_not_the_backward_passes_between(tmp_path: Path) -> None:
+    """Micro-batches: a finite one before the bad one in every step does not end the run of
+    overflowing steps, and six that overflow in one step are one step the scaler skipped."""
+    script = tmp_path / "scaled.py"
+    bad = "lambda w: ((w - 1e-10) ** 2).sum().sqrt()"
+    script.write_text(_ACCUMULATED.format(losses=f"[lambda w: w.sum(), {bad}]"))
+    report, _ = diagnose(str(script))
+    assert (report.status, report.cls, report.step) == ("found", "B", 10)  # the fifth step's second pass
+    assert report.notes[0].startswith("the fixes are checked at backward pass 2, the first of")
+    native = report.proposals[0]
+    assert native.kind == "native" and native.checked, native.check
+    script.write_text(_ACCUMULATED.format(losses="[lambda w: (w * 1e34).sum()] * 6"))  # inf at 2**16 only
+    report, _ = diagnose(str(script))
+    assert report.status == "clean" and report.backward_calls == 72 and report.notes == []
+
+
+def test_a_disabled_loss_scaler_skips_no_step(tmp_path: Path) -> None:
+    """``GradScaler(enabled=False)`` (the usual switch under bfloat16) hands the loss back and steps
+    the optimizer: the first bad backward is the finding."""
+    script = tmp_path / "scaled.py"
+    script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()").replace(
+        "GradScaler('cpu')", "GradScaler('cpu', enabled=False)"))
+    report, _ = diagnose(str(script))
+    assert (report.status, report.cls, report.step, report.notes) == ("found", "B", 1, [])
 
 
 def test_fixes_under_a_loss_scaler_are_checked_at_the_first_step_it_skipped(tmp_path: Path) -> None:

@@ -51,12 +51,12 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     watched = first.session.count
     if bad is None:
         clean = Diagnosis("clean", watched)
-        if first.session.overflows:
+        skipped = first.session.overflows + first.session.overflowing
+        if skipped:
             # Overflow steps a loss scaler skipped on purpose, or a NaN the run ended before telling.
-            clean.notes.append(f"the last {first.session.overflows} backward pass(es) overflowed under a "
-                               "loss scaler and were skipped as its own: a NaN among them is not told "
-                               "until the scaler's scale is down and five overflow in a row; run more "
-                               "steps to be sure")
+            clean.notes.append(f"the last {skipped} step(s) overflowed under a loss scaler and were "
+                               "skipped as its own: a NaN among them is not told until the scaler's "
+                               "scale is down and five steps overflow in a row; run more steps to be sure")
         return clean, first.exit or Exit(0)
     report = Diagnosis("found", watched, step=bad.index)
     if first.process is not None:

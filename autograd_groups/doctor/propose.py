@@ -410,6 +410,12 @@ def _unary(call: ast.Call, name: str, extra: bool = False) -> ast.expr | None:
 def _square_of(node: ast.expr) -> ast.expr | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _is_two(node.right):
         return node.left
+    # ``v * v``: one value twice, where naming it once computes the same (no call, which may draw
+    # anew or have effects).
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and \
+            ast.dump(node.left) == ast.dump(node.right) and \
+            not any(isinstance(n, ast.Call) for n in ast.walk(node.left)):
+        return node.left
     if isinstance(node, ast.Call):
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "pow":

@@ -123,8 +123,11 @@ class Session:
     #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
     halted: bool = False
     _halt_hook: Any = None
-    #: Consecutive loss-scaler overflows, and the number of the backward the last run of them began at.
+    #: How many loss-scaler steps in a row overflowed (a step ends at ``GradScaler.update``), whether a
+    #: backward since the last update did, and the number of the first backward that overflowed in
+    #: that run of steps.
     overflows: int = 0
+    overflowing: bool = False
     overflow_from: int | None = None
     #: Whether the parameters of the optimizer step that ended the step before the window were
     #: finite right after it (None: no such step): a parameter non-finite at the window's start
@@ -199,20 +202,20 @@ class Session:
             groups.append([t for t in leaves if isinstance(t, torch.Tensor)])
         backward.loss_finite, backward.grads_finite, *values = finite_groups(groups)
         backward.values_finite = all(values)
-        if backward.finite:
-            self.overflows = 0
-        else:
+        if not backward.finite:
             seeds = [seed] if isinstance(seed, torch.Tensor) else list(seed or [])
             backward.seeded_finite = all_finite(floating(seeds))
             scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
             if scaler is not None:
-                self.overflows += 1
-                if self.overflows == 1:
+                if not self.overflowing and not self.overflows:
                     self.overflow_from = backward.index
+                self.overflowing = True
                 backward.overflow_from = self.overflow_from
                 # A scale the script set above the default start takes more halvings to come down.
                 high = scaler.get_scale() > STARTING_SCALE
-                backward.scaled_overflow = self.overflows < SCALER_SKIPS or high
+                # Counted by the scaler's steps, not by backward passes: a step may take several
+                # (accumulated micro-batches, a gradient penalty's), finite ones among them.
+                backward.scaled_overflow = self.overflows + 1 < SCALER_SKIPS or high
             if backward.bad and self.bad is None:
                 self.bad = backward
         if self.after is not None:
@@ -266,9 +269,11 @@ class Session:
         _sessions.append(self)
         step_hook = register_optimizer_step_post_hook(self._stepped)
         if len(_sessions) == 1:
-            _REAL[:] = [torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale]
+            _REAL[:] = [torch.autograd.backward, torch.autograd.grad, torch.amp.GradScaler.scale,
+                        torch.amp.GradScaler.update]
             torch.autograd.backward, torch.autograd.grad = _backward, _grad
             torch.amp.GradScaler.scale = _scale  # type: ignore[method-assign,assignment]
+            torch.amp.GradScaler.update = _update  # type: ignore[method-assign,assignment]
         try:
             self._maybe_open_window()
             yield self
@@ -280,6 +285,14 @@ class Session:
             if not _sessions:
                 torch.autograd.backward, torch.autograd.grad = _REAL[:2]
                 torch.amp.GradScaler.scale = _REAL[2]  # type: ignore[method-assign]
+                torch.amp.GradScaler.update = _REAL[3]  # type: ignore[method-assign]
+
+    def _scaler_updated(self) -> None:
+        """A loss scaler's step ended: one more that overflowed, or the end of a run of them."""
+        self.overflows = self.overflows + 1 if self.overflowing else 0
+        if not self.overflowing:
+            self.overflow_from = None
+        self.overflowing = False
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -310,9 +323,16 @@ def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, 
 
 def _scale(scaler: Any, outputs: Any) -> Any:
     scaled = _REAL[2](scaler, outputs)
-    for t in [scaled] if isinstance(scaled, torch.Tensor) else scaled:
+    # A disabled scaler (enabled=False, as under bfloat16) hands the loss back: it skips no step.
+    for t in ([scaled] if isinstance(scaled, torch.Tensor) else scaled) if scaler.is_enabled() else ():
         setattr(t, _SCALED, scaler)
     return scaled
+
+
+def _update(scaler: Any, new_scale: Any = None) -> None:
+    if scaler.is_enabled():
+        _sessions[-1]._scaler_updated()
+    _REAL[3](scaler, new_scale)
 
 
 def _grad(outputs: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
