@@ -451,6 +451,23 @@ def test_a_variable_changed_in_place_is_not_looked_through(change: str, tmp_path
     assert report.cls == "B" and [p.kind for p in report.proposals][:1] == ["rule"]
 
 
+@pytest.mark.parametrize("lines", [
+    # What the softmax read is changed in place before the log (a temperature).
+    ["    z = w * 1.0", "    p = torch.softmax(z, dim=-1)", "    z.div_(4.0)"],
+    # The softmax's input is a model's output: written again on the log's line, the model would
+    # run twice (a batch norm's statistics updated twice, a dropout mask drawn anew).
+    ["    p = torch.softmax(layer(w), dim=-1)"]])
+def test_a_value_that_would_differ_if_computed_again_is_not_looked_through(lines: list[str],
+                                                                          tmp_path: Path) -> None:
+    """Every original gradient and the loss are not finite here, so the check has nothing to
+    compare: the native op must not be offered on a value it would not compute."""
+    report = _diagnosed(tmp_path / "again.py", "\n".join([
+        "import torch", "w = torch.nn.Parameter(torch.tensor([[0.0, -200.0, 1.0]]))",
+        "layer = torch.nn.Identity()", "def f(w):", *lines, "    return -torch.log(p)[0, 1]",
+        "f(w).backward()", ""]))
+    assert report.cls == "C" and "native" not in [p.kind for p in report.proposals]
+
+
 def test_a_fix_that_changes_the_loss_is_not_checked_though_no_gradient_was_finite() -> None:
     """Behind a singular op at the output every original gradient is NaN, and gradients alone would
     pass any fix: the loss is compared too."""

@@ -71,6 +71,9 @@ def check(script: str, args: list[str], file: str, text: str, baseline: Baseline
     order = "second" if baseline.second_order else "first"
     checked = (f"backward pass {baseline.bad.index} replayed: gradients finite, equal to the original's "
                f"wherever those were finite, and so is the loss (rtol {RTOL:g})")
+    if not _any_finite([*baseline.losses, *(g for g in baseline.grads if g is not None)]):
+        checked = (f"backward pass {baseline.bad.index} replayed: gradients and loss finite (the "
+                   f"original's were nowhere finite: no value of theirs to compare)")
     if verdict is None:
         return True, checked
     rows = [r for r in verdict.rows if r.scope == ""]
@@ -115,6 +118,10 @@ def _compare(baseline: Baseline, leaves: Leaves, grads: Grads, losses: list[torc
             return (f"changes the gradient where it was finite: by up to {moved:.3g} (tensor of shape "
                     f"{tuple(old.shape)})")
     return None
+
+
+def _any_finite(tensors: list[torch.Tensor]) -> bool:
+    return any(bool(torch.isfinite(dense(t)).any()) for t in tensors)
 
 
 def _moved(old: torch.Tensor, now: torch.Tensor) -> float | None:

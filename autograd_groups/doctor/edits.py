@@ -9,6 +9,8 @@ import difflib
 import os
 from dataclasses import dataclass
 
+import torch
+
 #: The name the changes give the library where the file does not import it already.
 ALIAS = "ag"
 #: The mark a name of the tree carries where the file binds it by an import (a module, as a rule).
@@ -95,7 +97,8 @@ class Source:
     def value_of(self, name: ast.expr, line: int) -> ast.expr | None:
         """What the variable ``name`` holds on ``line``: the value of its one assignment earlier in
         the same function (or at module level), where nothing that value reads is assigned by it
-        or again before ``line``; None for anything else."""
+        or again, or changed in place, before ``line``, and where computing it again on ``line``
+        gives the same (:func:`repeatable`); None for anything else."""
         if not isinstance(name, ast.Name):
             return None
         scope: ast.AST = self.innermost_function(line) or self.tree
@@ -114,8 +117,9 @@ class Source:
         # ``v[0] = 4.0`` or ``v.clamp_(1e-6)`` between the two changes what ``v`` holds.
         between = [n for n in ast.walk(scope) if isinstance(n, (ast.stmt, ast.expr))
                    and setting[0].lineno < n.lineno < line]
-        changed = any(_changes(n, name.id) for n in between)
-        return None if later or changed else value
+        # ``z.div_(4.0)`` after ``p = softmax(z)`` changes the ``z`` a fix on ``line`` would read.
+        changed = any(_changes(n, v) for n in between for v in read | {name.id})
+        return None if later or changed or not repeatable(value) else value
 
     def calls_on(self, line: int, within: tuple[int, int] | None = None) -> list[ast.Call | ast.BinOp]:
         r"""The calls and binary operations (``x / y``) that start and end on ``line``, outermost
@@ -224,14 +228,51 @@ class Edit:
 
 def _changes(node: ast.AST, name: str) -> bool:
     """Whether ``node`` changes what the variable ``name`` holds without assigning it: an item or
-    an attribute set on it (``v[0] = 4.0``), or an in-place method (``v.clamp_(1e-6)``)."""
+    an attribute set on it (``v[0] = 4.0``), or an in-place method or function (``v.clamp_(1e-6)``,
+    ``torch.nn.init.zeros_(v)``)."""
     if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         return any(isinstance(t, (ast.Subscript, ast.Attribute)) and _root(t) == name for t in targets)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         attr = node.func.attr
-        return attr.endswith("_") and not attr.endswith("__") and _root(node.func.value) == name
+        if not attr.endswith("_") or attr.endswith("__"):
+            return False
+        changed = node.args[0] if is_module(node.func.value) and node.args else node.func.value
+        return _root(changed) == name
     return False
+
+
+#: Builtins a value may call and still be computed again to the same effect.
+_PURE_BUILTINS = frozenset({"float", "int", "abs", "len", "min", "max", "range", "tuple", "list"})
+#: Parts of the names of torch's functions and tensor methods that draw random numbers.
+_RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "exponential", "cauchy",
+           "geometric", "uniform")
+
+
+def repeatable(value: ast.expr) -> bool:
+    r"""Whether computing ``value`` a second time gives the same and changes nothing, as a fix that
+    writes it again on another line does: its only calls are torch's functions and tensor methods
+    (none random, none in place) and a few builtins, not a model (``model(x)``: a batch norm's
+    statistics, a dropout mask) nor a method of ``self``.
+
+    >>> source = Source("f.py", [], ast.parse("a = torch.exp(z.sum(-1)) * float('inf')\nb = self.net(x) + z"))
+    >>> [repeatable(statement.value) for statement in source.tree.body]
+    [True, False]
+    """
+    for node in ast.walk(value):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Name):
+            if f.id not in _PURE_BUILTINS:
+                return False
+            continue
+        if not isinstance(f, ast.Attribute) or f.attr.endswith("_") or any(r in f.attr for r in _RANDOM):
+            return False
+        if not is_module(f.value) and (not hasattr(torch.Tensor, f.attr)
+                                       or (isinstance(f.value, ast.Name) and f.value.id == "self")):
+            return False
+    return True
 
 
 def _root(node: ast.expr) -> str | None:

@@ -90,15 +90,16 @@ def finite_groups(groups: Sequence[Sequence[torch.Tensor]]) -> list[bool]:
     >>> finite_groups([[torch.ones(2)], [torch.ones(2), big, torch.arange(3)], [nan]])
     [True, True, False]
     """
-    flat = [t.detach() if t.requires_grad else t for group in groups for t in group]
+    flat = [t for group in groups for t in group]
     # A sum is finite where every element is (an infinity or a NaN makes it inf or NaN), and it
-    # reads each element once; detached, so that autograd records nothing.
+    # reads each element once; of a detached tensor, so that autograd records nothing.
     if all([t.is_cpu for t in flat]):
         # On the CPU a read waits for nothing: each sum is read as it is made, one element as it is.
-        total: complex = sum([(t if t.numel() == 1 else t.sum()).item() for t in flat])
+        total: complex = sum([(t if t.numel() == 1 else (t.detach() if t.requires_grad else t).sum()).item()
+                              for t in flat])
     elif len({t.device for t in flat}) == 1:
         # One host read, so that the host waits for the device once.
-        total = torch.stack([t.sum() for t in flat]).sum().item()
+        total = torch.stack([(t.detach() if t.requires_grad else t).sum() for t in flat]).sum().item()
     else:
         total = math.nan
     if cmath.isfinite(total):
