@@ -106,9 +106,9 @@ def test_a_norm_at_zero_is_a_kink_where_the_subgradient_0_is_consistent() -> Non
 
 def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> None:
     """A group on ``forward`` whose input is data: autograd differentiates the module's parameters,
-    and the check takes them as its inputs. Consistent where the rule is right (a distance's
-    subgradient 0 at its centre), inconsistent where it is wrong (a rotation by a parameter at 0,
-    whose gradient there is not 0)."""
+    and the check takes them as its inputs, leaving the module's state as it was. Consistent where
+    the rule is right (a distance's subgradient 0 at its centre), inconsistent where it is wrong (a
+    rotation by a parameter at 0, whose gradient there is not 0)."""
     ag.register_rule("centred", SQRT_AT_ZERO)
     ag.register_rule("turned", SQRT_AT_ZERO)
 
@@ -116,9 +116,11 @@ def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> Non
         def __init__(self) -> None:
             super().__init__()
             self.centre = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+            self.register_buffer("calls", torch.zeros(()))  # state a forward changes, as a batch norm's
 
         @ag.autograd_group("centred")
         def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls.add_(1)
             return ((x - self.centre) ** 2).sum().sqrt()
 
     class Turned(torch.nn.Module):
@@ -138,6 +140,7 @@ def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> Non
     right = _only(ag.verify(lambda: centred(data)))
     assert (right.status, right.point, right.rule_value) == ("consistent", "kink", 0.0)
     assert right.input.startswith("self.centre[")
+    assert float(centred.calls) == 1  # ag.verify's own call of the function: the check's runs leave it
     turned = Turned()
     weights = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     wrong = _only(ag.verify(lambda: turned(weights)))

@@ -136,7 +136,8 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         else:
             base_kwargs[key] = copy
     # A module's method on data (a forward): what autograd differentiates there is the module's
-    # parameters, put in place of its own for each run.
+    # parameters, put in place of its own for each run, with copies of its buffers, so that the
+    # runs leave its state as it was (a batch norm's statistics).
     held: list[tuple[torch.nn.Module, list[str]]] = []
     for _, value, name in keyed if not inputs else ():
         if not isinstance(value, torch.nn.Module) or any(value is module for module, _ in held):
@@ -160,7 +161,8 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         with contextlib.ExitStack() as stack:
             rest = xs[len(slots):]
             for module, keys in held:
-                stack.enter_context(compat.reparametrized(module, dict(zip(keys, rest))))
+                buffers = {key: b.clone() for key, b in module.named_buffers()}
+                stack.enter_context(compat.reparametrized(module, {**dict(zip(keys, rest)), **buffers}))
                 rest = rest[len(keys):]
             stack.enter_context(Widened())
             return fn(*call_args, **call_kwargs)
