@@ -168,7 +168,7 @@ def test_a_rule_on_a_modules_method_is_checked_with_its_module() -> None:
     """A group on ``forward``: its call keeps the module weakly (a module dropped before the
     backward is not checked), and the check calls the method on that module again. Flagged where
     the rule is wrong (Rodrigues at 0), silent where it is right (a norm's subgradient at 0,
-    scaled by the module's weight)."""
+    scaled by the module's weight); the module's buffers as they were."""
     ag.register_rule("fo.method.rotation", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
     ag.register_rule("fo.method.norm", ag.Subgradient(op="sqrt", when="result == 0", grad=0))
 
@@ -185,9 +185,11 @@ def test_a_rule_on_a_modules_method_is_checked_with_its_module() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.scale = torch.nn.Parameter(torch.tensor(2.0, dtype=F64))
+            self.register_buffer("calls", torch.zeros(()))  # state a forward changes, as a batch norm's
 
         @ag.autograd_group("fo.method.norm")
         def forward(self, v: torch.Tensor) -> torch.Tensor:
+            self.calls.add_(1)
             return (v * v).sum().sqrt() * self.scale
 
     v = torch.zeros(3, dtype=F64, requires_grad=True)
@@ -197,3 +199,4 @@ def test_a_rule_on_a_modules_method_is_checked_with_its_module() -> None:
     right = told(lambda: norm(v).backward())
     assert len(wrong) == 1 and "group 'fo.method.rotation'" in str(wrong[0].message)
     assert right == []
+    assert float(norm.calls) == 1  # the script's call: the check's runs of the method leave its state

@@ -53,6 +53,8 @@ class Evidence:
     #: No op made a non-finite value, and the leaf gradients hold infinities, no NaN: their sum
     #: over the step's backward passes overflowed.
     accumulated_overflow: bool = False
+    #: A leaf's gradient was not finite before the backward ran (not zeroed, or set so).
+    held_nonfinite: bool = False
 
 
 def classify(e: Evidence) -> str:
@@ -61,8 +63,9 @@ def classify(e: Evidence) -> str:
     follows; then a forward birth that reaches the loss is C, or D where it is an overflow (no
     gradient rule makes that loss finite); then a birth where the arriving gradient is 0 is A, even
     where a forward infinity made the infinite factor; a backward birth B, or D where it is an
-    overflow. A gradient given to the backward that is not finite is E too; with no birth at all,
-    leaf gradients that overflowed as the step's backward passes summed them are D.
+    overflow. A gradient given to the backward, or one a leaf held before it, that is not finite is
+    E too; with no birth at all, leaf gradients that overflowed as the step's backward passes
+    summed them are D.
 
     >>> base = dict(reproduced=True, entered_parameter=False, entered_data=False,
     ...             parameters_were_finite=True, loss_finite=True, forward_birth=False,
@@ -74,7 +77,7 @@ def classify(e: Evidence) -> str:
         return "G"
     if e.entered_parameter:
         return "F" if e.parameters_were_finite else "E"
-    if e.entered_data or e.seeded_nonfinite:
+    if e.entered_data or e.seeded_nonfinite or e.held_nonfinite:
         return "E"
     if not e.loss_finite or (e.forward_birth and not e.backward_birth):
         return "D" if e.forward_overflow else "C"

@@ -51,12 +51,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     watched = first.session.count
     if bad is None:
         clean = Diagnosis("clean", watched)
-        skipped = first.session.overflows + first.session.overflowing
-        if skipped:
-            # Overflow steps a loss scaler skipped on purpose, or a NaN the run ended before telling.
-            clean.notes.append(f"the last {skipped} step(s) overflowed under a loss scaler and were "
-                               "skipped as its own: a NaN among them is not told until the scaler's "
-                               "scale is down and five steps overflow in a row; run more steps to be sure")
+        clean.notes += skipped_overflows(first.session)
         return clean, first.exit or Exit(0)
     report = Diagnosis("found", watched, step=bad.index)
     if first.process is not None:
@@ -90,11 +85,6 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
                             "standard input) cannot be run again: make it start over (exist_ok=True, "
                             "arguments instead of input)")
     born_ran, upstream = diagnose_step(report, again.session, seen, again.stopped)
-    if report.born is not None and report.born.node == "CheckpointFunctionBackward":
-        report.notes.append("it is born inside a reentrant checkpoint (torch.utils.checkpoint with "
-                            "use_reentrant=True), whose backward runs the checkpointed function again "
-                            "out of the doctor's sight: with use_reentrant=False the report names the "
-                            "op inside it and proposes fixes for it")
     baseline = Baseline(bad, again.session.last_leaves, again.session.last_grads, again.session.last_losses,
                         again.session.create_graph)
     if check and bad.overflow_from is not None and bad.overflow_from < bad.index:
@@ -106,6 +96,17 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
     report.proposals = propose(script, args, report, born_ran, baseline, start, check,
                                "checks were turned off", upstream)
     return report, Exit(0)
+
+
+def skipped_overflows(session: Session) -> list[str]:
+    """The note on a clean run whose last steps overflowed under a loss scaler (skipped as its own,
+    or a NaN the run ended before telling), if they did."""
+    skipped = session.overflows + session.overflowing
+    if not skipped:
+        return []
+    return [f"the last {skipped} step(s) overflowed under a loss scaler and were skipped as its own: a "
+            "NaN among them is not told until the scaler's scale is down and five steps overflow in a "
+            "row; run more steps to be sure"]
 
 
 def _at_first_overflow(script: str, args: list[str], index: int, start: RandomState,
@@ -159,7 +160,12 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         incoming="zero" if carried else arrived,
         huge=huge(values, dtype),
         seeded_nonfinite=not seen.backward.seeded_finite,
-        accumulated_overflow=_overflowed_in_sum(session.last_grads)))
+        accumulated_overflow=_overflowed_in_sum(session.last_grads),
+        held_nonfinite=not seen.backward.held_finite))
+    if not seen.backward.held_finite:
+        report.notes.append("a leaf's gradient was not finite before this backward pass: gradients add "
+                            "up across backward passes until zeroed (optimizer.zero_grad()), and this "
+                            "one was set so, or left from before the doctor watched")
     if report.cls == "E" and parameter is not None and finite_before and session.optimizer_steps == 0:
         report.notes.append("the parameter was finite at the last backward pass, whose gradients "
                             "were finite too, and the script runs no torch.optim step: if it updates "
@@ -176,6 +182,11 @@ def diagnose_step(report: Diagnosis, session: Session, seen: Instrumented,
         report.born = locate.born_backward(back.born, seen.forward.frames)
     if report.born is not None and report.born.file is not None:
         report.born.file = os.path.abspath(report.born.file)
+    if report.born is not None and report.born.node == "CheckpointFunctionBackward":
+        report.notes.append("it is born inside a reentrant checkpoint (torch.utils.checkpoint with "
+                            "use_reentrant=True), whose backward runs the checkpointed function again "
+                            "out of the doctor's sight: with use_reentrant=False the report names the "
+                            "op inside it and proposes fixes for it")
     if back.appears is not None:
         frame = seen.forward.frames.get(back.appears.node)
         appears = Appears(type(back.appears.node).__name__,

@@ -29,7 +29,7 @@ def doctor() -> Iterator[Diagnosis]:
     ('found', 'B', 'SqrtBackward0')
     """
     from .check import Baseline
-    from .diagnose import diagnose_step
+    from .diagnose import diagnose_step, skipped_overflows
     from .instruments import ForwardWatch
     from .propose import NOT_REPLAYED, propose
     from .replay import Instrumented, RandomState, linked, stance
@@ -44,11 +44,16 @@ def doctor() -> Iterator[Diagnosis]:
     def after(backward: Backward) -> None:
         report.backward_calls = backward.index
         if not backward.bad:
+            # Nothing of a good backward is kept: its gradients die when the script drops them.
+            session.last_leaves, session.last_grads, session.last_losses = [], [], []
+            seen.ran, seen.grads, seen.roots = [], [], []
             if not backward.create_graph:  # a step's end; a gradient penalty's first backward is not
                 seen.forward.reset()
             return
         report.status, report.step = "found", backward.index
         born_ran, upstream = diagnose_step(report, session, seen, True)
+        if report.born is not None and report.born.phase == "backward" and report.born.line is None:
+            report.notes.append(UNSEEN_FORWARD)
         baseline = Baseline(backward, session.last_leaves, session.last_grads, session.last_losses, False)
         report.proposals = propose("", [], report, born_ran, baseline, RandomState.now(), check_them=False,
                                    unchecked=NOT_REPLAYED, upstream=upstream)
@@ -63,4 +68,14 @@ def doctor() -> Iterator[Diagnosis]:
             yield report
     finally:
         seen.close()
+        if report.status == "clean":
+            report.notes += skipped_overflows(session)
+
+
+#: Why a birth in process has no line.
+UNSEEN_FORWARD = ("the line that made the op is not known: in the block the doctor records the "
+                  "forward from the end of the last backward pass on, on the thread that entered the "
+                  "block, and this op was made before (a forward that ran before an earlier backward "
+                  "of its step, as a GAN's generator) or on another thread; `autograd-groups doctor` "
+                  "on the script finds it")
 

@@ -45,6 +45,11 @@ def _flat(value: Any) -> Iterator[Any]:
             yield item
 
 
+#: The calls whose second argument divides the first.
+_DIVISIONS = frozenset({"div", "div_", "divide", "true_divide", "__truediv__", "__itruediv__", "__div__",
+                        "floor_divide", "__floordiv__", "remainder", "fmod", "__mod__"})
+
+
 def _numbers(args: Sequence[Any], kwargs: dict[str, Any]) -> list[float]:
     return [a for a in _flat([args, kwargs]) if isinstance(a, float)]
 
@@ -132,8 +137,10 @@ class ForwardWatch(TorchFunctionMode):
                 self.data.note(name, frame, _numbers(args, kwargs), inputs, sources, before, plain_outputs)
             return
         finite_now = None if before is None else before + finite_flags(plain_outputs)
+        divisor = args[1] if name in _DIVISIONS and len(args) > 1 else None
+        by_zero = isinstance(divisor, (int, float)) and not isinstance(divisor, bool) and divisor == 0
         self.calls.append(Call(name, frame, inputs, plain_outputs, finite_now,
-                               not all(map(math.isfinite, _numbers(args, kwargs)))))
+                               not all(map(math.isfinite, _numbers(args, kwargs))), by_zero))
         if frame is not None and name not in _DIFFERENTIATING:
             for o in outputs:
                 self._claim(o.grad_fn, frame)

@@ -192,11 +192,11 @@ def born_forward(call: Call, tensor: torch.Tensor) -> Born:
 
 def overflowed(call: Call, tensor: torch.Tensor) -> bool:
     """Whether a forward birth looks like an overflow: infinities (not NaN) where no input is 0 or
-    non-finite, rather than a pole (``log(0)``, ``1 / 0``), an undefined value (``sqrt(-1)``) or
+    non-finite, rather than a pole (``log(0)``, ``1 / 0``, ``x / 0``), an undefined value (``sqrt(-1)``) or
     an infinity the step was given (a ``-inf`` fill, an infinite target). An in-place call's input
     holds its output by now: with nothing else to judge by, it is no overflow."""
     bad = ~torch.isfinite(tensor)
-    if call.given_nonfinite or bool(torch.isnan(tensor[bad]).any()):
+    if call.given_nonfinite or call.by_zero or bool(torch.isnan(tensor[bad]).any()):
         return False
     output = memory_of(tensor)
     others = [value for value in call.inputs if output is None or memory_of(value) != output]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,9 @@ class Backward:
     scaled_overflow: bool = False
     #: Whether the gradient it was given (``loss.backward(g)``) was finite; read where it went bad.
     seeded_finite: bool = True
+    #: Whether the leaves' gradients were finite before it ran (read where it is instrumented): they
+    #: add up until zeroed, and one the script set, or left from before the watch, stays non-finite.
+    held_finite: bool = True
     #: Under a loss scaler, the number of the first backward of the run of overflows this one is in:
     #: the scaler skipped the steps after it, so a fixed script's weights equal the original's there.
     overflow_from: int | None = None
@@ -118,7 +122,7 @@ class Session:
     #: And the values it differentiated (its losses).
     last_losses: list[torch.Tensor] = field(default_factory=list)
     _opened: bool = False
-    _inside: bool = False
+    _inside: set[int] = field(default_factory=set)
     #: Set where the session raised :class:`Stop`: a script that catches it (``except:``,
     #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
     halted: bool = False
@@ -152,16 +156,20 @@ class Session:
         # A compiler differentiating its graph while it traces is no step, nor is a backward of this
         # library's own (a check of a rule, an ag.verify, a group's tangents computed from its vjp
         # under jacfwd or hessian); a backward inside a watched one (a torch function mode handing
-        # the call back to the wrapper, reentrant checkpointing) is part of it.
+        # the call back to the wrapper on its thread; reentrant checkpointing, from a node of the
+        # running backward, maybe on the engine's device thread) is part of it. Another thread's
+        # backward, at the same time, is one of its own.
         if self.halted:
             raise Stop
-        if self._inside or compat.is_compiling() or second_order.quiet() or tangents.transposing():
+        thread = threading.get_ident()
+        if thread in self._inside or compat.current_graph_task_id() != -1 or compat.is_compiling() \
+                or second_order.quiet() or tangents.transposing():
             return call()
-        self._inside = True
+        self._inside.add(thread)
         try:
             return self._watch(roots, create_graph, inputs, call, seed)
         finally:
-            self._inside = False
+            self._inside.discard(thread)
 
     def _watch(self, roots: Sequence[torch.Tensor], create_graph: bool, inputs: Any,
                call: Callable[[], Any], seed: Any) -> Any:
@@ -189,6 +197,9 @@ class Session:
             [inputs] if isinstance(inputs, (torch.Tensor, GradientEdge)) else list(inputs))
         returned: list[Any] = []
         if self.around is not None and (self.stop_at is None or backward.index == self.stop_at):
+            if inputs is None and not unwrap:
+                held = [t.grad for t in targets if isinstance(t, torch.Tensor) and t.grad is not None]
+                backward.held_finite = all_finite(floating(held))
             go = functools.partial(self._run, call, targets, create_graph, unwrap, returned)
             grads = self.around(backward, tensors, nodes, go)
         else:

@@ -136,15 +136,15 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
         else:
             base_kwargs[key] = copy
     # A module's method on data (a forward): what autograd differentiates there is the module's
-    # parameters, put in place of its own for each run, with copies of its buffers, so that the
-    # runs leave its state as it was (a batch norm's statistics).
+    # parameters, put in place of its own for each run. Every module argument runs on copies of
+    # its buffers, so that the runs leave its state as it was (a batch norm's statistics).
     held: list[tuple[torch.nn.Module, list[str]]] = []
-    for _, value, name in keyed if not inputs else ():
+    for _, value, name in keyed:
         if not isinstance(value, torch.nn.Module) or any(value is module for module, _ in held):
             continue
-        own = [(key, p) for key, p in value.named_parameters() if p.is_floating_point() and wanted(p)]
-        if own:
-            held.append((value, [key for key, _ in own]))
+        own = [] if slots else \
+            [(key, p) for key, p in value.named_parameters() if p.is_floating_point() and wanted(p)]
+        held.append((value, [key for key, _ in own]))
         for key, p in own:
             copy = p.detach().to(dtype or p.dtype).clone()
             narrow = narrow or copy.dtype.itemsize > p.dtype.itemsize
