@@ -5,6 +5,7 @@ wherever those were finite."""
 
 from __future__ import annotations
 
+import ast
 import gc
 import json
 import math
@@ -468,6 +469,23 @@ def test_a_value_that_would_differ_if_computed_again_is_not_looked_through(lines
     assert report.cls == "C" and "native" not in [p.kind for p in report.proposals]
 
 
+@pytest.mark.parametrize("value, again", [
+    ("torch.softmax(z, -1)", True), ("F.normalize(z, dim=-1)", True),
+    ("z.norm(dim=-1) * float('inf')", True),
+    ("self.block.norm(h)", False), ("net.head(x)", False), ("model(x)", False), ("random.gauss(0, 1)", False),
+    ("F.dropout(z)", False), ("torch.randn_like(z)", False), ("F.gumbel_softmax(z)", False),
+    ("z.exp_()", False)])
+def test_what_a_fix_may_compute_again(value: str, again: bool) -> None:
+    """torch's own functions and tensor methods may be written again on another line; a model, a
+    submodule through ``self``, another module's function, or a draw of random numbers may not."""
+    from autograd_groups.doctor.edits import Source, repeatable
+
+    head = "import torch\nimport torch.nn.functional as F\nimport random\nfrom models import net\n"
+    text = f"{head}v = {value}\n"
+    source = Source("f.py", text.splitlines(True), ast.parse(text))
+    assert repeatable(source.tree.body[-1].value) == again
+
+
 def test_a_fix_that_changes_the_loss_is_not_checked_though_no_gradient_was_finite() -> None:
     """Behind a singular op at the output every original gradient is NaN, and gradients alone would
     pass any fix: the loss is compared too."""
@@ -740,6 +758,20 @@ def test_a_script_that_catches_the_stop_is_diagnosed(handler: str, tmp_path: Pat
     assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 6)
     assert report.backward_calls == 1
     assert code == 0 and all(p.checked for p in report.proposals if p.kind == "native")
+
+
+def test_the_steps_a_script_runs_after_catching_the_stop_are_not_the_bad_steps(tmp_path: Path) -> None:
+    """The loop goes on after the stop; a NaN in a later batch is no input of the bad step."""
+    script = tmp_path / "catches.py"
+    script.write_text("import torch\n"
+                      "w = torch.nn.Parameter(torch.zeros(3))\n"
+                      "for x in [torch.ones(3), torch.ones(3), torch.tensor([1.0, float('nan'), 1.0])]:\n"
+                      "    try:\n"
+                      "        ((w * x) ** 2).sum().sqrt().backward()\n"
+                      "    except BaseException:\n"
+                      "        pass\n")
+    report, _ = diagnose(str(script))
+    assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 5)
 
 
 def test_a_script_with_anomaly_mode_on_is_diagnosed(tmp_path: Path) -> None:
@@ -1111,6 +1143,29 @@ def test_a_loss_scaler_counts_its_steps_not_the_backward_passes_between(tmp_path
     script.write_text(_ACCUMULATED.format(losses="[lambda w: (w * 1e34).sum()] * 6"))  # inf at 2**16 only
     report, _ = diagnose(str(script))
     assert report.status == "clean" and report.backward_calls == 72 and report.notes == []
+
+
+def test_each_loss_scaler_counts_its_own_steps(tmp_path: Path) -> None:
+    """A GAN with a scaler per model: the critic's finite steps do not end the generator's run of
+    overflows."""
+    script = tmp_path / "scalers.py"
+    script.write_text(
+        "import torch\n"
+        "d, g = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(3))\n"
+        "opt_d, opt_g = torch.optim.SGD([d], lr=0.1), torch.optim.SGD([g], lr=0.1)\n"
+        "scaler_d, scaler_g = torch.amp.GradScaler('cpu'), torch.amp.GradScaler('cpu')\n"
+        "for step in range(8):\n"
+        "    opt_d.zero_grad()\n"
+        "    scaler_d.scale((d * 2).sum()).backward()\n"
+        "    scaler_d.step(opt_d)\n"
+        "    scaler_d.update()\n"
+        "    opt_g.zero_grad()\n"
+        "    scaler_g.scale(g.pow(2).sum().sqrt()).backward()\n"
+        "    scaler_g.step(opt_g)\n"
+        "    scaler_g.update()\n")
+    report, _ = diagnose(str(script))
+    assert (report.status, report.cls, report.step) == ("found", "B", 10)
+    assert report.notes[0].startswith("the fixes are checked at backward pass 2, the first of")
 
 
 def test_a_disabled_loss_scaler_skips_no_step(tmp_path: Path) -> None:

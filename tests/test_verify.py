@@ -127,11 +127,14 @@ def test_a_modules_forward_on_data_is_checked_at_the_modules_parameters() -> Non
         def __init__(self) -> None:
             super().__init__()
             self.v = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+            self.inner = torch.nn.Module()
+            self.inner.v = self.v  # tied: read under its second name
 
         @ag.autograd_group("turned")
         def forward(self, weights: torch.Tensor) -> torch.Tensor:
-            theta = (self.v * self.v).sum().sqrt()
-            k = tc.hat(self.v / theta.clamp_min(1e-12))
+            v = self.inner.v
+            theta = (v * v).sum().sqrt()
+            k = tc.hat(v / theta.clamp_min(1e-12))
             turn = torch.eye(3, dtype=weights.dtype) + torch.sin(theta) * k + (1 - torch.cos(theta)) * (k @ k)
             return (turn * weights).sum()
 

@@ -101,7 +101,7 @@ def diagnose(script: str, args: list[str] | None = None, steps: int | None = Non
 def skipped_overflows(session: Session) -> list[str]:
     """The note on a clean run whose last steps overflowed under a loss scaler (skipped as its own,
     or a NaN the run ended before telling), if they did."""
-    skipped = session.overflows + session.overflowing
+    skipped = session.skipped()
     if not skipped:
         return []
     return [f"the last {skipped} step(s) overflowed under a loss scaler and were skipped as its own: a "

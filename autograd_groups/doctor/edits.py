@@ -244,16 +244,18 @@ def _changes(node: ast.AST, name: str) -> bool:
 
 #: Builtins a value may call and still be computed again to the same effect.
 _PURE_BUILTINS = frozenset({"float", "int", "abs", "len", "min", "max", "range", "tuple", "list"})
-#: Parts of the names of torch's functions and tensor methods that draw random numbers.
-_RANDOM = ("rand", "dropout", "bernoulli", "multinomial", "normal", "poisson", "exponential", "cauchy",
-           "geometric", "uniform")
+#: torch's functions and tensor methods that draw random numbers (besides ``rand*`` and the
+#: dropouts): computed twice, they differ.
+_RANDOM = frozenset({"bernoulli", "multinomial", "normal", "poisson", "gumbel_softmax", "rrelu"})
+#: Where a function called on a module is torch's own.
+_TORCH_NAMESPACES = (torch, torch.nn.functional, torch.linalg, torch.special, torch.fft)
 
 
 def repeatable(value: ast.expr) -> bool:
     r"""Whether computing ``value`` a second time gives the same and changes nothing, as a fix that
     writes it again on another line does: its only calls are torch's functions and tensor methods
     (none random, none in place) and a few builtins, not a model (``model(x)``: a batch norm's
-    statistics, a dropout mask) nor a method of ``self``.
+    statistics, a dropout mask) nor anything reached through ``self``.
 
     >>> source = Source("f.py", [], ast.parse("a = torch.exp(z.sum(-1)) * float('inf')\nb = self.net(x) + z"))
     >>> [repeatable(statement.value) for statement in source.tree.body]
@@ -267,10 +269,12 @@ def repeatable(value: ast.expr) -> bool:
             if f.id not in _PURE_BUILTINS:
                 return False
             continue
-        if not isinstance(f, ast.Attribute) or f.attr.endswith("_") or any(r in f.attr for r in _RANDOM):
+        if not isinstance(f, ast.Attribute) or f.attr.endswith("_") or f.attr.startswith("rand") \
+                or "dropout" in f.attr or f.attr in _RANDOM or _root(f.value) == "self":
             return False
-        if not is_module(f.value) and (not hasattr(torch.Tensor, f.attr)
-                                       or (isinstance(f.value, ast.Name) and f.value.id == "self")):
+        known = any(hasattr(space, f.attr) for space in _TORCH_NAMESPACES) if is_module(f.value) \
+            else hasattr(torch.Tensor, f.attr)
+        if not known:
             return False
     return True
 

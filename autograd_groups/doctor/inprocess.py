@@ -4,12 +4,12 @@ test, a training loop of a framework)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the doctor's modules load when it is first used: `import autograd_groups` stays light
     from .report import Diagnosis
-    from .session import Backward
+    from .session import Backward, Grads
 
 
 @contextlib.contextmanager
@@ -38,7 +38,15 @@ def doctor() -> Iterator[Diagnosis]:
 
     report = Diagnosis("clean", 0)
     seen = Instrumented(ForwardWatch(no_grad=False))
-    session = Session(around=seen.watch, on_window=seen.open, window=0, stops=False,
+    def watch(backward: Backward, roots: list[Any], graph_roots: list[Any], go: Callable[[], Grads]) -> Grads:
+        try:
+            return seen.watch(backward, roots, graph_roots, go)
+        finally:
+            # Every backward is watched here: the forward that follows it (a gradient penalty's
+            # backward builds a graph the step goes on with; a backward that raised) is recorded.
+            seen.forward.recording = True
+
+    session = Session(around=watch, on_window=seen.open, window=0, stops=False,
                       higher_order=linked, check_values=True)
 
     def after(backward: Backward) -> None:

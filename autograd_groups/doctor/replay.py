@@ -139,8 +139,8 @@ class Instrumented:
 
     def watch(self, backward: Backward, roots: list[torch.Tensor], graph_roots: list[Any],
               go: Callable[[], Grads]) -> Grads:
-        """The bad backward: stop recording the forward while it runs, hook every node, run it."""
-        recording, self.forward.recording = self.forward.recording, False
+        """The bad backward: stop recording the forward, hook every node, run it."""
+        self.forward.recording = False
         self.backward, self.roots = backward, roots
         watcher = BackwardWatch(nodes.reachable(graph_roots))
         try:
@@ -148,9 +148,6 @@ class Instrumented:
         finally:
             watcher.remove()
             self.ran = watcher.ran
-            # In process every backward is watched: the forward that follows (a gradient penalty's
-            # backward builds a graph the step goes on with; a backward that raised) is recorded.
-            self.forward.recording = recording
         return self.grads
 
     def made_before(self) -> int | None:

@@ -65,6 +65,17 @@ class Backward:
         return not self.finite and not self.scaled_overflow
 
 
+@dataclass
+class Overflows:
+    """A loss scaler's run of overflowing steps: how many in a row ended (a step ends at
+    ``GradScaler.update``), whether a backward since the last update overflowed, and the number of
+    the first backward that overflowed in the run."""
+
+    steps: int = 0
+    pending: bool = False
+    first: int | None = None
+
+
 #: ``(backward, loss, graph roots, run)``: called around the bad backward of a replay; ``run()``
 #: runs it and returns the gradients it computed.
 Grads = list[torch.Tensor | None]
@@ -127,12 +138,8 @@ class Session:
     #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
     halted: bool = False
     _halt_hook: Any = None
-    #: How many loss-scaler steps in a row overflowed (a step ends at ``GradScaler.update``), whether a
-    #: backward since the last update did, and the number of the first backward that overflowed in
-    #: that run of steps.
-    overflows: int = 0
-    overflowing: bool = False
-    overflow_from: int | None = None
+    #: Each loss scaler's run of overflowing steps, by the scaler's id (a GAN may have one per model).
+    overflows: dict[int, Overflows] = field(default_factory=dict)
     #: Whether the parameters of the optimizer step that ended the step before the window were
     #: finite right after it (None: no such step): a parameter non-finite at the window's start
     #: that the step left finite was made so by the script (a checkpoint loaded, an assignment).
@@ -218,15 +225,16 @@ class Session:
             backward.seeded_finite = all_finite(floating(seeds))
             scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
             if scaler is not None:
-                if not self.overflowing and not self.overflows:
-                    self.overflow_from = backward.index
-                self.overflowing = True
-                backward.overflow_from = self.overflow_from
+                run = self.overflows.setdefault(id(scaler), Overflows())
+                if not run.pending and not run.steps:
+                    run.first = backward.index
+                run.pending = True
+                backward.overflow_from = run.first
                 # A scale the script set above the default start takes more halvings to come down.
                 high = scaler.get_scale() > STARTING_SCALE
                 # Counted by the scaler's steps, not by backward passes: a step may take several
                 # (accumulated micro-batches, a gradient penalty's), finite ones among them.
-                backward.scaled_overflow = self.overflows + 1 < SCALER_SKIPS or high
+                backward.scaled_overflow = run.steps + 1 < SCALER_SKIPS or high
             if backward.bad and self.bad is None:
                 self.bad = backward
         if self.after is not None:
@@ -298,12 +306,19 @@ class Session:
                 torch.amp.GradScaler.scale = _REAL[2]  # type: ignore[method-assign]
                 torch.amp.GradScaler.update = _REAL[3]  # type: ignore[method-assign]
 
-    def _scaler_updated(self) -> None:
-        """A loss scaler's step ended: one more that overflowed, or the end of a run of them."""
-        self.overflows = self.overflows + 1 if self.overflowing else 0
-        if not self.overflowing:
-            self.overflow_from = None
-        self.overflowing = False
+    def skipped(self) -> int:
+        """How many steps in a row, up to the last, a loss scaler skipped (the most of any scaler)."""
+        return max((run.steps + run.pending for run in self.overflows.values()), default=0)
+
+    def _scaler_updated(self, scaler: Any) -> None:
+        """``scaler``'s step ended: one more that overflowed, or the end of a run of them."""
+        run = self.overflows.get(id(scaler))
+        if run is None:
+            return
+        run.steps = run.steps + 1 if run.pending else 0
+        if not run.pending:
+            run.first = None
+        run.pending = False
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -342,7 +357,7 @@ def _scale(scaler: Any, outputs: Any) -> Any:
 
 def _update(scaler: Any, new_scale: Any = None) -> None:
     if scaler.is_enabled():
-        _sessions[-1]._scaler_updated()
+        _sessions[-1]._scaler_updated(scaler)
     _REAL[3](scaler, new_scale)
 
 

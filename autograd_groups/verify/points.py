@@ -162,7 +162,8 @@ def point_of(fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
             rest = xs[len(slots):]
             for module, keys in held:
                 buffers = {key: b.clone() for key, b in module.named_buffers()}
-                stack.enter_context(compat.reparametrized(module, {**dict(zip(keys, rest)), **buffers}))
+                stack.enter_context(compat.reparametrized(module, {**dict(zip(keys, rest)), **buffers},
+                                                          tie_weights=True))
                 rest = rest[len(keys):]
             stack.enter_context(Widened())
             return fn(*call_args, **call_kwargs)
