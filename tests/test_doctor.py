@@ -486,6 +486,20 @@ def test_what_a_fix_may_compute_again(value: str, again: bool) -> None:
     assert repeatable(source.tree.body[-1].value) == again
 
 
+def test_a_check_with_nothing_finite_to_compare_says_so(tmp_path: Path) -> None:
+    """A log of a softmax that underflows to 0 at the loss's element: the loss and every gradient
+    are not finite, so the native op is checked on finiteness alone, and the check says that; where
+    the loss was finite, it says what it compared."""
+    text = "\n".join(["import torch", "w = torch.nn.Parameter(torch.tensor([[0.0, -200.0, 1.0]]))",
+                      "(-torch.log(torch.softmax(w, dim=-1))[0, {i}]).backward()", ""])
+    native = _diagnosed(tmp_path / "nothing.py", text.format(i=1)).proposals[0]
+    assert native.kind == "native" and native.checked
+    assert native.check.endswith("(the original's were nowhere finite: no value of theirs to compare)")
+    finite = _diagnosed(tmp_path / "some.py", "import torch\nw = torch.nn.Parameter(torch.zeros(2))\n"
+                        "((w ** 2).sum().sqrt() + w.sum()).backward()\n").proposals[0]
+    assert finite.kind == "native" and finite.checked and "nowhere finite" not in finite.check
+
+
 def test_a_fix_that_changes_the_loss_is_not_checked_though_no_gradient_was_finite() -> None:
     """Behind a singular op at the output every original gradient is NaN, and gradients alone would
     pass any fix: the loss is compared too."""
@@ -762,15 +776,11 @@ def test_a_script_that_catches_the_stop_is_diagnosed(handler: str, tmp_path: Pat
 
 def test_the_steps_a_script_runs_after_catching_the_stop_are_not_the_bad_steps(tmp_path: Path) -> None:
     """The loop goes on after the stop; a NaN in a later batch is no input of the bad step."""
-    script = tmp_path / "catches.py"
-    script.write_text("import torch\n"
-                      "w = torch.nn.Parameter(torch.zeros(3))\n"
-                      "for x in [torch.ones(3), torch.ones(3), torch.tensor([1.0, float('nan'), 1.0])]:\n"
-                      "    try:\n"
-                      "        ((w * x) ** 2).sum().sqrt().backward()\n"
-                      "    except BaseException:\n"
-                      "        pass\n")
-    report, _ = diagnose(str(script))
+    report = _diagnosed(tmp_path / "catches.py", "\n".join([
+        "import torch", "w = torch.nn.Parameter(torch.zeros(3))",
+        "for x in [torch.ones(3), torch.ones(3), torch.tensor([1.0, float('nan'), 1.0])]:",
+        "    try:", "        ((w * x) ** 2).sum().sqrt().backward()",
+        "    except BaseException:", "        pass", ""]))
     assert (report.cls, report.born.node, report.born.line) == ("B", "SqrtBackward0", 5)
 
 
@@ -1148,8 +1158,8 @@ def test_a_loss_scaler_counts_its_steps_not_the_backward_passes_between(tmp_path
 def test_each_loss_scaler_counts_its_own_steps(tmp_path: Path) -> None:
     """A GAN with a scaler per model: the critic's finite steps do not end the generator's run of
     overflows."""
-    script = tmp_path / "scalers.py"
-    script.write_text(
+    report = _diagnosed(
+        tmp_path / "scalers.py",
         "import torch\n"
         "d, g = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.zeros(3))\n"
         "opt_d, opt_g = torch.optim.SGD([d], lr=0.1), torch.optim.SGD([g], lr=0.1)\n"
@@ -1163,7 +1173,6 @@ def test_each_loss_scaler_counts_its_own_steps(tmp_path: Path) -> None:
         "    scaler_g.scale(g.pow(2).sum().sqrt()).backward()\n"
         "    scaler_g.step(opt_g)\n"
         "    scaler_g.update()\n")
-    report, _ = diagnose(str(script))
     assert (report.status, report.cls, report.step) == ("found", "B", 10)
     assert report.notes[0].startswith("the fixes are checked at backward pass 2, the first of")
 
@@ -1171,10 +1180,9 @@ def test_each_loss_scaler_counts_its_own_steps(tmp_path: Path) -> None:
 def test_a_disabled_loss_scaler_skips_no_step(tmp_path: Path) -> None:
     """``GradScaler(enabled=False)`` (the usual switch under bfloat16) hands the loss back and steps
     the optimizer: the first bad backward is the finding."""
-    script = tmp_path / "scaled.py"
-    script.write_text(_SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()").replace(
-        "GradScaler('cpu')", "GradScaler('cpu', enabled=False)"))
-    report, _ = diagnose(str(script))
+    text = _SCALED_STEPS.format(loss="(w - 1e-10).sqrt().sum()")
+    disabled = text.replace("GradScaler('cpu')", "GradScaler('cpu', enabled=False)")
+    report = _diagnosed(tmp_path / "scaled.py", disabled)
     assert (report.status, report.cls, report.step, report.notes) == ("found", "B", 1, [])
 
 

@@ -138,8 +138,8 @@ class Session:
     #: ``except BaseException``) and goes on is stopped again at each backward and optimizer step.
     halted: bool = False
     _halt_hook: Any = None
-    #: Each loss scaler's run of overflowing steps, by the scaler's id (a GAN may have one per model).
-    overflows: dict[int, Overflows] = field(default_factory=dict)
+    #: Each loss scaler's run of overflowing steps (a GAN may have one scaler per model).
+    overflows: dict[Any, Overflows] = field(default_factory=dict)
     #: Whether the parameters of the optimizer step that ended the step before the window were
     #: finite right after it (None: no such step): a parameter non-finite at the window's start
     #: that the step left finite was made so by the script (a checkpoint loaded, an assignment).
@@ -225,7 +225,7 @@ class Session:
             backward.seeded_finite = all_finite(floating(seeds))
             scaler = next((getattr(r, _SCALED) for r in tensors if hasattr(r, _SCALED)), None)
             if scaler is not None:
-                run = self.overflows.setdefault(id(scaler), Overflows())
+                run = self.overflows.setdefault(scaler, Overflows())
                 if not run.pending and not run.steps:
                     run.first = backward.index
                 run.pending = True
@@ -312,13 +312,10 @@ class Session:
 
     def _scaler_updated(self, scaler: Any) -> None:
         """``scaler``'s step ended: one more that overflowed, or the end of a run of them."""
-        run = self.overflows.get(id(scaler))
-        if run is None:
-            return
-        run.steps = run.steps + 1 if run.pending else 0
-        if not run.pending:
-            run.first = None
-        run.pending = False
+        run = self.overflows.get(scaler)
+        if run is not None:
+            run.steps = run.steps + 1 if run.pending else 0
+            run.pending = False
 
     def _stepped(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
         self.optimizer_steps += 1
@@ -350,8 +347,9 @@ def _backward(tensors: Any, grad_tensors: Any = None, retain_graph: Any = None, 
 def _scale(scaler: Any, outputs: Any) -> Any:
     scaled = _REAL[2](scaler, outputs)
     # A disabled scaler (enabled=False, as under bfloat16) hands the loss back: it skips no step.
-    for t in ([scaled] if isinstance(scaled, torch.Tensor) else scaled) if scaler.is_enabled() else ():
-        setattr(t, _SCALED, scaler)
+    if scaler.is_enabled():
+        for t in [scaled] if isinstance(scaled, torch.Tensor) else scaled:
+            setattr(t, _SCALED, scaler)
     return scaled
 
 
